@@ -1,0 +1,251 @@
+"""Typed, frozen run configuration loaded from YAML plus `a.b=c` overrides.
+
+Every section is a frozen dataclass; `from_dict` checks keys and types and names the
+offending key in its error, so a typo never silently falls back to a default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration or pipeline-graph problem, raised before any Ray resource starts."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    # "tiny" and "smollm2" name the folders built by `make models`; anything else is an HF
+    # folder path or hub id.
+    path: str = "tiny"
+    dtype: str = "bfloat16"
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: str = "arithmetic"
+    seed: int = 0
+    # "tag" needs <answer>..</answer>; "last_number" takes the last integer in the text.
+    extraction: str = "tag"
+    format_weight: float = 0.1
+    params: dict = field(default_factory=dict)
+    eval_prompts: int = 64
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    num_engines: int = 1
+    max_model_len: int = 1024
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE takes whole GiB
+    enforce_eager: bool = True
+    # CPU threads for each engine; vLLM binds them to cores ("0-1"). "auto" = all cores.
+    cpu_threads_bind: str = "auto"
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    lambda_sd: float = 0.1
+    lambda_fm: float = 0.1
+    clip_eps: float = 0.2
+    adv_std_norm: bool = False
+    # Mask SD tokens whose log pi(y1_t | x0, ...) is below tau; None disables the mask.
+    sd_mask_tau: float | None = None
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    num_workers: int = 2
+    zero_stage: int = 2
+    bf16: bool = True
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    # Sequences per forward/backward; each step is split into micro-batches of this size.
+    micro_batch_size: int = 8
+    cpu_threads_per_worker: int = 1
+    # "object_store" (CPU, verified) or "nccl" (GPU, unverified here).
+    weight_sync: str = "object_store"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    steps: int = 2
+    seed: int = 0
+    output_dir: str = "outputs/run"
+    checkpoint_every: int = 0
+    eval_before_after: bool = True
+    # Logical CPUs for an embedded (in-process) Ray; None = max(8, os.cpu_count()).
+    local_num_cpus: int | None = None
+    serve_http_port: int = 8000
+    max_staleness: int = 0
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    kind: str
+    inputs: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)
+
+
+DEFAULT_PIPELINE: tuple[NodeSpec, ...] = (
+    NodeSpec("prompts", "source"),
+    NodeSpec("first_turn", "generate", {"prompts": "prompts"}),
+    NodeSpec("critic", "critique", {"answers": "first_turn"}),
+    NodeSpec("revision", "revise", {"critiques": "critic"}),
+    NodeSpec("score", "reward", {"revisions": "revision"}),
+    NodeSpec("learner", "train", {"rollouts": "score"}),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    pipeline: tuple[NodeSpec, ...] = DEFAULT_PIPELINE
+
+    def node(self, kind: str) -> NodeSpec:
+        found = [n for n in self.pipeline if n.kind == kind]
+        if len(found) != 1:
+            raise ConfigError(f"pipeline: expected exactly one '{kind}' node, found {len(found)}")
+        return found[0]
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["pipeline"] = [dataclasses.asdict(n) for n in self.pipeline]
+        return d
+
+
+def _check_type(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _check_type(value, a, where)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{where}: expected {tp}, got {value!r}")
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp in (int, float, str, bool):
+        if isinstance(value, bool) != (tp is bool) or not isinstance(value, tp):
+            raise ConfigError(f"{where}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+        return value
+    return value
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(names))})")
+    kwargs = {}
+    for key, value in data.items():
+        tp = hints[key]
+        sub = f"{where}.{key}" if where else key
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, sub)
+        elif key == "pipeline":
+            if not isinstance(value, list) or not value:
+                raise ConfigError("pipeline: expected a non-empty list of nodes")
+            kwargs[key] = tuple(_build(NodeSpec, n, f"pipeline[{i}]") for i, n in enumerate(value))
+        else:
+            kwargs[key] = _check_type(value, tp, sub)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a required field (NodeSpec.name/kind) is missing
+        raise ConfigError(f"{where or 'config'}: {e}") from None
+
+
+def _parse_scalar(text: str) -> Any:
+    return yaml.safe_load(text) if text != "" else ""
+
+
+def apply_override(data: dict, override: str) -> None:
+    """Apply `a.b.c=value` to a nested dict; `pipeline.<node>.<param>=v` sets node params."""
+    if "=" not in override:
+        raise ConfigError(f"override '{override}': expected key=value")
+    key, _, raw = override.partition("=")
+    parts = key.strip().split(".")
+    value = _parse_scalar(raw)
+    if parts[0] == "pipeline":
+        if len(parts) != 3:
+            raise ConfigError(f"override '{override}': use pipeline.<node>.<param>=value")
+        nodes = data.setdefault("pipeline", [dataclasses.asdict(n) for n in DEFAULT_PIPELINE])
+        match = [n for n in nodes if n.get("name") == parts[1]]
+        if not match:
+            raise ConfigError(f"override '{override}': no pipeline node named '{parts[1]}'")
+        match[0].setdefault("params", {})[parts[2]] = value
+        return
+    cur = data
+    for p in parts[:-1]:
+        nxt = cur.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"override '{override}': '{p}' is not a section")
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "pipelines" / "configs" / "presets"
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: typing.Sequence[str] = (),
+                preset: str | None = None) -> Config:
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        loaded = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: top level must be a mapping")
+        data = loaded
+    preset = preset or data.pop("preset", None)
+    if preset:
+        preset_file = PRESET_DIR / f"{preset}.yaml"
+        if not preset_file.is_file():
+            known = ", ".join(sorted(f.stem for f in PRESET_DIR.glob("*.yaml")))
+            raise ConfigError(f"unknown preset '{preset}' (known: {known})")
+        data = _merge(yaml.safe_load(preset_file.read_text()) or {}, data)
+    for o in overrides:
+        apply_override(data, o)
+    cfg = _build(Config, data, "")
+    from rltf_ray.graph import validate  # the graph module owns node kinds and columns
+
+    validate(cfg)
+    return cfg
+
+
+def config_from_dict(data: dict) -> Config:
+    """Rebuild a Config shipped to a worker as a plain dict (already validated)."""
+    return _build(Config, data, "")

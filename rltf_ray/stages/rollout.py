@@ -1,0 +1,69 @@
+"""First turn (generate) and second turn (revise): Ray Data batch functions that send
+token-id prompts to the persistent engine actors."""
+from __future__ import annotations
+
+import zlib
+
+import ray
+
+from rltf_ray.chat import encode, first_turn_messages, load_tokenizer, revision_messages
+from rltf_ray.graph import GenerateParams, ReviseParams
+from rltf_ray.stages import StageError
+
+
+def _pick(engines: list, key: str):
+    return engines[zlib.crc32(key.encode()) % len(engines)]
+
+
+def _call(engines: list, key: str, prompts: list[list[int]], node: str, **kw) -> dict:
+    try:
+        return ray.get(_pick(engines, key).generate.remote(prompts, **kw))
+    except ray.exceptions.RayActorError as e:
+        raise StageError(f"node '{node}': the vLLM engine actor died ({e}); see its log in the "
+                         "Ray dashboard") from e
+
+
+def make_generate(engines: list, model_path: str, p: GenerateParams, node: str, seed: int):
+    def generate(rows: list[dict]) -> list[dict]:
+        tok = load_tokenizer(model_path)
+        prompts = [encode(tok, first_turn_messages(r["prompt"])) for r in rows]
+        res = _call(engines, rows[0]["prompt_id"], prompts, node, n=p.n,
+                    temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_tokens,
+                    seed=seed + rows[0]["step"] * 100_003 + zlib.crc32(rows[0]["prompt_id"].encode()))
+        out = []
+        for r, ids, group in zip(rows, prompts, res["outputs"]):
+            for j, g in enumerate(group):
+                out.append({**r, "sample_idx": j, "prompt_ids": ids, "response": g.text,
+                            "response_ids": g.token_ids, "response_logprobs": g.logprobs,
+                            "finish_reason": g.finish_reason, "policy_version": res["version"],
+                            "gen_tokens": len(g.token_ids), "gen_seconds": res["seconds"] / len(rows)})
+        return out
+
+    return generate
+
+
+def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, seed: int):
+    def revise(rows: list[dict]) -> list[dict]:
+        tok = load_tokenizer(model_path)
+        todo = [i for i, r in enumerate(rows) if r["revised"]]
+        prompts = [encode(tok, revision_messages(rows[i]["prompt"], rows[i]["response"],
+                                                 rows[i]["critique"], p.template)) for i in todo]
+        res = {"outputs": [], "version": -1, "seconds": 0.0}
+        if todo:
+            key = rows[todo[0]]["prompt_id"]
+            res = _call(engines, key, prompts, node, n=1, temperature=p.temperature,
+                        top_p=p.top_p, max_tokens=p.max_tokens,
+                        seed=seed + 7 + rows[0]["step"] * 100_003 + zlib.crc32(key.encode()))
+        done = {i: (ids, group[0]) for i, ids, group in zip(todo, prompts, res["outputs"])}
+        out = []
+        for i, r in enumerate(rows):
+            ids, g = done.get(i, ([], None))
+            out.append({**r, "revision_prompt_ids": ids, "revision": g.text if g else "",
+                        "revision_ids": g.token_ids if g else [],
+                        "revision_logprobs": g.logprobs if g else [],
+                        "revision_version": res["version"] if g else -1,
+                        "gen_tokens": r["gen_tokens"] + (len(g.token_ids) if g else 0),
+                        "gen_seconds": r["gen_seconds"] + res["seconds"] / max(len(rows), 1)})
+        return out
+
+    return revise

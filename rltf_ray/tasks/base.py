@@ -1,0 +1,101 @@
+"""The task interface and its registry.
+
+A task turns a seed into prompts with ground truth (`meta`), extracts an answer, scores it,
+and optionally critiques it. Adding one is a subclass plus `@register_task("name")`.
+"""
+from __future__ import annotations
+
+import json
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from rltf_ray.config import ConfigError, TaskConfig
+
+ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+LAST_NUMBER = re.compile(r"-?\d[\d,]*")
+
+
+@dataclass(frozen=True)
+class Score:
+    reward: float
+    correct: bool
+    format_ok: bool
+
+
+class Task(ABC):
+    """Base class; subclasses implement `make_problem`, `prompt_text` and `check`."""
+
+    name = "task"
+    answer_format = "<answer>...</answer>"
+
+    def __init__(self, cfg: TaskConfig):
+        self.cfg = cfg
+        if cfg.extraction not in ("tag", "last_number"):
+            raise ConfigError(f"task.extraction: expected 'tag' or 'last_number', got {cfg.extraction!r}")
+
+    # -- generation -------------------------------------------------------------------
+    @abstractmethod
+    def make_problem(self, index: int, split: str) -> dict:
+        ...
+
+    @abstractmethod
+    def prompt_text(self, meta: dict) -> str:
+        ...
+
+    def rows(self, split: str, start: int, count: int) -> Iterator[dict]:
+        """Deterministic prompt rows: problem `i` of a split is the same for a given seed."""
+        for i in range(start, start + count):
+            meta = self.make_problem(i, split)
+            yield {"prompt_id": f"{split}-{i}", "prompt": self.prompt_text(meta),
+                   "meta": json.dumps(meta, sort_keys=True)}
+
+    # -- scoring ----------------------------------------------------------------------
+    def extract(self, text: str) -> tuple[str | None, bool]:
+        """(answer or None, format_ok). format_ok means the answer tag was used."""
+        tags = ANSWER_TAG.findall(text)
+        format_ok = len(tags) > 0
+        if self.cfg.extraction == "tag":
+            return (tags[-1].strip() if tags else None), format_ok
+        source = tags[-1] if tags else text
+        nums = LAST_NUMBER.findall(source)
+        return (nums[-1].replace(",", "") if nums else None), format_ok
+
+    @abstractmethod
+    def check(self, answer: str, meta: dict) -> bool:
+        ...
+
+    def score(self, text: str, meta: dict) -> Score:
+        answer, format_ok = self.extract(text)
+        correct = answer is not None and self.check(answer, meta)
+        w = self.cfg.format_weight
+        return Score(float(correct) + w * (float(format_ok) - 1.0), correct, format_ok)
+
+    def critique(self, text: str, meta: dict) -> str:
+        answer, format_ok = self.extract(text)
+        if answer is None:
+            return (f"Your answer could not be read. Put only your final answer inside "
+                    f"{self.answer_format}.")
+        return "Your answer is correct." if self.check(answer, meta) else "Your answer is incorrect."
+
+
+_REGISTRY: dict[str, Callable[[TaskConfig], Task]] = {}
+
+
+def register_task(name: str):
+    def deco(cls):
+        _REGISTRY[name] = cls
+        cls.name = name
+        return cls
+    return deco
+
+
+def task_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_task(cfg: TaskConfig) -> Task:
+    if cfg.name not in _REGISTRY:
+        raise ConfigError(f"task.name: unknown task '{cfg.name}' (known: {', '.join(task_names())})")
+    return _REGISTRY[cfg.name](cfg)

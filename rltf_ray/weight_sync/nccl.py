@@ -1,0 +1,84 @@
+"""GPU path (NOT verified: the build machine has no GPU): NCCL broadcast from trainer
+rank 0 into every engine worker, the OpenRLHF / vLLM-RLHF-example pattern.
+
+Trainer rank 0 is rank 0 of a StatelessProcessGroup that also holds each engine's worker
+(ranks 1..N; tensor parallel 1 per engine). For every parameter, rank 0 broadcasts the
+tensor; the engine workers receive into fresh buffers and call the model's load_weights.
+"""
+from __future__ import annotations
+
+import socket
+
+import ray
+import torch
+
+from rltf_ray.weight_sync.interfaces import WeightSync
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class NcclSync(WeightSync):
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self.engines: list = []
+        self.comm = None
+
+    def connect(self, engines: list) -> None:
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        self.engines = list(engines)
+        host = ray.util.get_node_ip_address()
+        port = _free_port()
+        world = 1 + len(engines)
+        # Engines join first (their calls block until rank 0 creates the store).
+        joins = [e.collective_rpc.remote("init_weight_group",
+                                         {"host": host, "port": port, "rank": 1 + i,
+                                          "world_size": world})
+                 for i, e in enumerate(engines)]
+        pg = StatelessProcessGroup.create(host=host, port=port, rank=0, world_size=world)
+        self.comm = PyNcclCommunicator(pg, device=torch.cuda.current_device())
+        ray.get(joins)
+
+    def push(self, named_tensors, version: int) -> None:
+        items = [(n, t.detach().to(self.dtype)) for n, t in named_tensors]
+        meta = {"names": [n for n, _ in items], "dtype": str(self.dtype).split(".")[-1],
+                "shapes": [list(t.shape) for _, t in items]}
+        done = [e.collective_rpc.remote("receive_weights", meta, version) for e in self.engines]
+        stream = torch.cuda.current_stream()
+        for _, t in items:
+            self.comm.broadcast(t.cuda().contiguous(), src=0, stream=stream)
+        stream.synchronize()
+        ray.get(done)
+
+    def engine_versions(self) -> list[int]:
+        return ray.get([e.ready.remote() for e in self.engines])
+
+    def close(self) -> None:
+        self.comm = None
+        self.engines = []
+
+
+class EngineWorkerExtension:
+    """Mixed into each vLLM GPU worker via `worker_extension_cls`."""
+
+    def init_weight_group(self, host: str, port: int, rank: int, world_size: int) -> None:
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        pg = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
+        self.weight_comm = PyNcclCommunicator(pg, device=self.device)
+
+    def receive_weights(self, names: list[str], dtype: str, shapes: list[list[int]]) -> None:
+        weights = []
+        stream = torch.cuda.current_stream()
+        for name, shape in zip(names, shapes):
+            buf = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+            self.weight_comm.broadcast(buf, src=0, stream=stream)
+            weights.append((name, buf))
+        stream.synchronize()
+        self.model_runner.model.load_weights(weights=weights)
