@@ -164,49 +164,48 @@ class Pipeline:
         return M.evaluate(self.engines, self.model_path, self.task, self.cfg.task.eval_prompts,
                           self.cfg.engine, node_params(self.cfg.node("generate")).max_tokens)
 
-    def run(self) -> dict:
+    def train(self) -> dict:
+        """Evaluate, run every RL step, evaluate again; the resources must be started."""
         import ray
 
         summary: dict = {}
+        if self.cfg.run.eval_before_after:
+            summary["before"] = self.evaluate()
+            _log(f"before training: first-turn accuracy {summary['before']['accuracy']:.3f} "
+                 f"on {summary['before']['n']} held-out prompts (greedy, no feedback)")
+        mpath = self.out / "metrics.jsonl"
+        mpath.write_text("")
+        for step in range(self.cfg.run.steps):
+            t0 = time.perf_counter()
+            table = self.rollout(step)
+            t_roll = time.perf_counter() - t0
+            pq.write_table(table, self.out / "rollouts" / f"step_{step}.parquet")
+            ray.get(self.broker.put_step.remote(step, [ray.put(table.to_pylist())]))
+            train = self.wait_result(step)
+            row = {**M.rollout_metrics(table), **train, "seconds_rollout": t_roll,
+                   "seconds_step": time.perf_counter() - t0}
+            with mpath.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            _log(M.step_line(row, self.cfg.run.steps))
+        self.fit_thread.join(timeout=120)
+        if self.fit_error is not None:
+            raise RuntimeError(f"the trainer failed at the end of the run: {self.fit_error!r}")
+        if self.cfg.run.eval_before_after:
+            summary["after"] = self.evaluate()
+            _log(f"after training: first-turn accuracy {summary['after']['accuracy']:.3f} "
+                 f"(before {summary['before']['accuracy']:.3f})")
+        summary["engine_versions"] = ray.get([e.ready.remote() for e in self.engines])
+        summary["output_dir"] = str(self.out)
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def run(self) -> dict:
         self.start()
         try:
-            if self.cfg.run.eval_before_after:
-                summary["before"] = self.evaluate()
-                _log(f"before training: first-turn accuracy {summary['before']['accuracy']:.3f} "
-                     f"on {summary['before']['n']} held-out prompts (greedy, no feedback)")
-            mpath = self.out / "metrics.jsonl"
-            mpath.write_text("")
-            for step in range(self.cfg.run.steps):
-                t0 = time.perf_counter()
-                table = self.rollout(step)
-                t_roll = time.perf_counter() - t0
-                pq.write_table(table, self.out / "rollouts" / f"step_{step}.parquet")
-                ray.get(self.broker.put_step.remote(step, [ray.put(table.to_pylist())]))
-                train = self.wait_result(step)
-                row = {**M.rollout_metrics(table), **train, "seconds_rollout": t_roll,
-                       "seconds_step": time.perf_counter() - t0}
-                with mpath.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-                _log(M.step_line(row, self.cfg.run.steps))
-            self.fit_thread.join(timeout=120)
-            if self.fit_error is not None:
-                raise RuntimeError(f"the trainer failed at the end of the run: {self.fit_error!r}")
-            if self.cfg.run.eval_before_after:
-                summary["after"] = self.evaluate()
-                _log(f"after training: first-turn accuracy {summary['after']['accuracy']:.3f} "
-                     f"(before {summary['before']['accuracy']:.3f})")
-            summary["engine_versions"] = ray.get([e.ready.remote() for e in self.engines])
-            summary["output_dir"] = str(self.out)
-            (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
-            return summary
+            return self.train()
         finally:
             self.stop()
 
 
 def run(cfg: Config) -> dict:
     return Pipeline(cfg).run()
-
-
-def resolved_yaml(cfg: Config) -> str:
-    return yaml.safe_dump(dataclasses.asdict(cfg) | {"pipeline": cfg.to_dict()["pipeline"]},
-                          sort_keys=False)

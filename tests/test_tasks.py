@@ -1,0 +1,70 @@
+import json
+import random
+
+import pytest
+
+from rltf_ray.config import ConfigError, TaskConfig
+from rltf_ray.tasks import get_task
+
+
+def task(**kw):
+    params = kw.pop("params", {"min_digits": 2, "max_digits": 4})
+    return get_task(TaskConfig(params=params, **kw))
+
+
+def test_generator_is_deterministic_per_seed_and_split():
+    a, b = list(task().rows("train", 0, 20)), list(task().rows("train", 0, 20))
+    assert a == b
+    assert a != list(task(seed=1).rows("train", 0, 20))
+    assert [r["prompt"] for r in a] != [r["prompt"] for r in task().rows("test", 0, 20)]
+
+
+def test_verifier_accepts_truth_and_rejects_perturbation():
+    t = task()
+    for r in t.rows("train", 0, 50):
+        meta = json.loads(r["meta"])
+        ans = meta["answer"]
+        assert t.score(f"so <answer>{ans}</answer>", meta).correct
+        assert t.score(f"<answer>{ans}</answer>", meta).reward == 1.0
+        assert not t.score(f"<answer>{ans + 1}</answer>", meta).correct
+        # format shaping: correct number without the tag is not read in "tag" mode
+        s = t.score(f"the answer is {ans}", meta)
+        assert (s.correct, s.format_ok, s.reward) == (False, False, pytest.approx(-0.1))
+
+
+def test_last_number_extraction():
+    t = task(extraction="last_number")
+    meta = {"a": 2, "b": 3, "op": "+", "answer": 5}
+    s = t.score("2 + 3 = 5", meta)
+    assert s.correct and not s.format_ok and s.reward == pytest.approx(0.9)
+    assert t.score("first 5 then 6", meta).correct is False
+
+
+def test_critique_locates_error_without_revealing_answer():
+    t = task()
+    rng = random.Random(0)
+    for r in t.rows("train", 0, 200):
+        meta = json.loads(r["meta"])
+        ans = meta["answer"]
+        wrong = ans + rng.choice([-1, 1]) * rng.randint(1, 500)
+        c = t.critique(f"<answer>{wrong}</answer>", meta)
+        if wrong != ans:
+            assert "incorrect" in c and ("too high" in c) == (wrong > ans)
+        if len(str(ans)) > 2:
+            assert str(ans) not in c
+    meta = {"a": 12, "b": 30, "op": "+", "answer": 42}
+    assert "second digit" in t.critique("<answer>45</answer>", meta)
+    assert "too many digits" in t.critique("<answer>420</answer>", meta)
+    assert "could not be read" in t.critique("forty-two", meta)
+    assert t.critique("<answer>42</answer>", meta) == "Your answer is correct."
+
+
+def test_bad_task_params_are_named():
+    with pytest.raises(ConfigError, match="unknown key 'digits'"):
+        task(params={"digits": 3})
+    with pytest.raises(ConfigError, match="ops"):
+        task(params={"ops": ["-"]})
+    with pytest.raises(ConfigError, match="unknown task 'nope'"):
+        get_task(TaskConfig(name="nope"))
+    with pytest.raises(ConfigError, match="extraction"):
+        task(extraction="regex")
