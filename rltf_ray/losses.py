@@ -105,3 +105,102 @@ def fm_loss(logp_critique, mask) -> torch.Tensor:
 def rltf_loss(l_grpo: torch.Tensor, l_sd: torch.Tensor, l_fm: torch.Tensor,
               lambda_sd: float = 0.1, lambda_fm: float = 0.1) -> torch.Tensor:
     return l_grpo + lambda_sd * l_sd + lambda_fm * l_fm
+
+
+# ---------------------------------------------------------------------------------------
+# The objectives the RLTF paper compares (selected by preset; see docs/objectives.md).
+# ---------------------------------------------------------------------------------------
+
+def discounted_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
+    """G_t = sum_{k>=t} gamma^(k-t) r_k over the turn axis (last dim)."""
+    out = torch.zeros_like(rewards, dtype=torch.float32)
+    running = torch.zeros(rewards.shape[:-1])
+    for t in range(rewards.shape[-1] - 1, -1, -1):
+        running = rewards[..., t].float() + gamma * running
+        out[..., t] = running
+    return out
+
+
+def normalize_advantages(adv: torch.Tensor, group_ids: torch.Tensor, mode: str,
+                         eps: float = 1e-6) -> torch.Tensor:
+    """Centred advantages, then 'none' | 'group' (group std) | 'batch' (whole-batch std)."""
+    if mode == "none":
+        return adv.detach()
+    if mode == "group":
+        _, inv = torch.unique(group_ids, return_inverse=True)
+        n = int(inv.max()) + 1 if inv.numel() else 0
+        counts = torch.zeros(n).index_add_(0, inv, torch.ones_like(adv))
+        sq = torch.zeros(n).index_add_(0, inv, adv ** 2)
+        std = torch.sqrt(sq / (counts - 1).clamp(min=1))
+        return (adv / (std[inv] + eps)).detach()
+    if mode == "batch":
+        return (adv / (adv.std() + eps)).detach() if adv.numel() > 1 else adv.detach()
+    raise ValueError(f"advantage normalisation must be none, group or batch, got {mode!r}")
+
+
+def subset_group_means(values: torch.Tensor, group_ids: torch.Tensor,
+                       include: torch.Tensor) -> torch.Tensor:
+    """Per row: mean of `values` over the rows of its group where `include` is true
+    (0 where the group has none)."""
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    n = int(inv.max()) + 1 if inv.numel() else 0
+    w = include.float()
+    sums = torch.zeros(n).index_add_(0, inv, values.float() * w)
+    counts = torch.zeros(n).index_add_(0, inv, w)
+    return (sums / counts.clamp(min=1))[inv].detach()
+
+
+def importance_weights(logp_x0: torch.Tensor, logp_x1: torch.Tensor, mask: torch.Tensor,
+                       level: str) -> torch.Tensor:
+    """w = pi(y1|x0) / pi(y1|x1), per token ('token') or as the product over the sequence in
+    log space ('sequence'), broadcast to tokens. Gradient flows through pi(y1|x0) only."""
+    log_ratio = (logp_x0 - logp_x1.detach()) * mask
+    if level == "token":
+        return torch.exp(log_ratio)
+    if level == "sequence":
+        return torch.exp(log_ratio.sum(-1, keepdim=True)).expand_as(logp_x0)
+    raise ValueError(f"importance weight level must be token or sequence, got {level!r}")
+
+
+def sd_is_token_loss(logp_x0, logp_x1, adv, mask, level: str = "sequence") -> torch.Tensor:
+    """SD with the importance weight: -A * w (d/dtheta = -A * w * dlog pi)."""
+    return -adv.detach().unsqueeze(-1) * importance_weights(logp_x0, logp_x1, mask, level)
+
+
+def sd_clip_token_loss(logp_x0, logp_x1, adv, mask, level: str = "sequence",
+                       low: float = 0.8, high: float = 1.2) -> torch.Tensor:
+    """PPO-style: -min(w*A, clip(w, low, high)*A)."""
+    w = importance_weights(logp_x0, logp_x1, mask, level)
+    a = adv.detach().unsqueeze(-1)
+    return -torch.minimum(w * a, torch.clamp(w, low, high) * a)
+
+
+def sd_cispo_token_loss(logp_x0, logp_x1, adv, mask, level: str = "sequence",
+                        low: float = 0.8, high: float = 1.2) -> torch.Tensor:
+    """CISPO-style: -sg(clip(w)) * A * log pi(y1|x0)."""
+    w = torch.clamp(importance_weights(logp_x0, logp_x1, mask, level), low, high).detach()
+    return -w * adv.detach().unsqueeze(-1) * logp_x0
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1 (>= 0)."""
+    d = ref_logp.detach() - logp
+    return torch.exp(d) - d - 1.0
+
+
+def normaliser(mask: torch.Tensor, mode: str, constant: float = 1.0) -> float:
+    """Denominator of a term's aggregate: 'token_mean' (its tokens), 'seq_mean_token_sum'
+    (its sequences) or 'constant' (sequences x a fixed length, Dr.GRPO)."""
+    seqs = float((mask.sum(-1) > 0).sum())
+    if mode == "token_mean":
+        return float(mask.sum())
+    if mode == "seq_mean_token_sum":
+        return seqs
+    if mode == "constant":
+        return seqs * constant
+    raise ValueError(f"loss aggregation must be token_mean, seq_mean_token_sum or constant, got {mode!r}")
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean",
+              constant: float = 1.0) -> torch.Tensor:
+    return token_sum(values, mask, normaliser(mask, mode, constant))

@@ -38,6 +38,22 @@ def resolve_model(path: str) -> str:
     return path
 
 
+def cpu_has_native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def resolve_dtype(dtype: str, use_gpu: bool) -> str:
+    if dtype not in ("auto", "bfloat16", "float16", "float32"):
+        raise ConfigError(f"model.dtype: expected auto, bfloat16, float16 or float32, got {dtype!r}")
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if use_gpu or cpu_has_native_bf16() else "float32"
+
+
 def _tiny_corpus() -> list[str]:
     from rltf_ray.chat import FM_INSTRUCTION
     from rltf_ray.config import TaskConfig

@@ -17,7 +17,7 @@ import yaml
 from rltf_ray import metrics as M
 from rltf_ray.config import Config
 from rltf_ray.graph import node_params, validate
-from rltf_ray.models import resolve_model
+from rltf_ray.models import resolve_dtype, resolve_model
 from rltf_ray.sources import PromptSource
 from rltf_ray.tasks import get_task
 
@@ -51,6 +51,7 @@ class Pipeline:
         self.source = PromptSource(self.task, node_params(cfg.node("source")), cfg.run.steps)
         self.out = Path(cfg.run.output_dir).resolve()
         self.use_gpu = cfg.trainer.weight_sync == "nccl"
+        self.dtype = resolve_dtype(cfg.model.dtype, self.use_gpu)
 
     # -- resources --------------------------------------------------------------------
     def start(self) -> None:
@@ -80,9 +81,9 @@ class Pipeline:
             self.deployed_critic = True
         _log(f"critic app '{crit.app_name}' ready ({time.perf_counter() - t:.1f}s)")
         t = time.perf_counter()
-        self.engines = start_engines(self.model_path, self.cfg.engine, self.cfg.model.dtype,
+        self.engines = start_engines(self.model_path, self.cfg.engine, self.dtype,
                                      self.cfg.run.seed, self.use_gpu)
-        _log(f"{len(self.engines)} vLLM engine(s) ready ({time.perf_counter() - t:.1f}s)")
+        _log(f"{len(self.engines)} vLLM engine(s) ready, dtype {self.dtype} ({time.perf_counter() - t:.1f}s)")
         self.broker_name = f"rltf_broker_{uuid.uuid4().hex[:8]}"
         self.broker = StepBroker.options(name=self.broker_name).remote()
         self.fit_error: BaseException | None = None
@@ -100,6 +101,7 @@ class Pipeline:
                 train_loop,
                 train_loop_config={"cfg": self.cfg.to_dict(), "model_path": self.model_path,
                                    "engines": self.engines, "broker_name": self.broker_name,
+                                   "engine_dtype": self.dtype,
                                    "output_dir": str(self.out)},
                 scaling_config=ScalingConfig(num_workers=self.cfg.trainer.num_workers,
                                              use_gpu=self.use_gpu,
@@ -131,12 +133,11 @@ class Pipeline:
 
         rows = self.source.rows_for_step(step)
         ds = ray.data.from_items(rows)
-        seed = self.cfg.run.seed
         for node in self.order:
             p = node_params(node)
-            fn = {"generate": lambda: make_generate(self.engines, self.model_path, p, node.name, seed),
-                  "critique": lambda: make_critique(self.cfg.task, p),
-                  "revise": lambda: make_revise(self.engines, self.model_path, p, node.name, seed),
+            fn = {"generate": lambda: make_generate(self.engines, self.model_path, p, node.name),
+                  "critique": lambda: make_critique(self.cfg.task, p, self.cfg.run.turns),
+                  "revise": lambda: make_revise(self.engines, self.model_path, p, node.name),
                   "reward": lambda: make_reward(self.cfg.task)}.get(node.kind)
             if fn is None:
                 continue

@@ -11,11 +11,12 @@ import asyncio
 import math
 import os
 import time
-from dataclasses import dataclass
 
 import ray
 
 from rltf_ray.config import Config, config_from_dict
+from rltf_ray.objectives import (TERMS, Example, build_examples, micro_loss, sequence_logprobs,
+                                 step_normalisers)
 
 BROKER_NAME = "rltf_step_broker"
 
@@ -55,95 +56,52 @@ class StepBroker:
         return self.results.pop(step)
 
 
-@dataclass
-class Example:
-    ids: list[int]
-    start: int  # index of the first trained token in `ids`
-    term: str  # "grpo" | "sd" | "fm"
-    adv: float
-
-
-def build_examples(rows: list[dict], cfg: Config, tokenizer) -> tuple[list[Example], dict]:
-    """Turn a step's rollout rows into token examples for each loss term."""
-    import torch
-
-    from rltf_ray import losses
-    from rltf_ray.chat import encode, fm_messages
-
-    groups = {pid: i for i, pid in enumerate(dict.fromkeys(r["prompt_id"] for r in rows))}
-    gid = torch.tensor([groups[r["prompt_id"]] for r in rows])
-    r0 = torch.tensor([float(r["reward_first"]) for r in rows])
-    r1 = torch.tensor([float(r["reward_second"]) for r in rows])
-    a0 = losses.group_advantages(r0, gid, std_norm=cfg.loss.adv_std_norm)
-    a_sd = losses.sd_advantages(r1, r0, gid)
-    out: list[Example] = []
-    for i, r in enumerate(rows):
-        x0 = list(r["prompt_ids"])
-        out.append(Example(x0 + list(r["response_ids"]), len(x0), "grpo", float(a0[i])))
-        if cfg.loss.lambda_sd > 0 and r["revision_ids"] is not None and len(r["revision_ids"]):
-            out.append(Example(x0 + list(r["revision_ids"]), len(x0), "sd", float(a_sd[i])))
-        if cfg.loss.lambda_fm > 0 and not r.get("critique_failed") and r["critique"]:
-            fm = encode(tokenizer, fm_messages(r["prompt"], r["response"]))
-            c = tokenizer(r["critique"], add_special_tokens=False)["input_ids"]
-            out.append(Example(fm + list(c) + [tokenizer.eos_token_id], len(fm), "fm", 1.0))
-    stats = {"adv_abs_mean_grpo": float(a0.abs().mean()), "adv_abs_mean_sd": float(a_sd.abs().mean()),
-             "zero_adv_group_fraction": _zero_adv_fraction(a0, gid)}
-    return out, stats
-
-
-def _zero_adv_fraction(adv, gid) -> float:
-    import torch
-
-    n = int(gid.max()) + 1 if gid.numel() else 0
-    if n == 0:
-        return 0.0
-    nonzero = torch.zeros(n).index_add_(0, gid, (adv != 0).float())
-    return float((nonzero == 0).float().mean())
-
-
-def _pad(batch: list[Example], pad_id: int):
-    import torch
-
-    width = max(len(e.ids) for e in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(batch), width), dtype=torch.long)
-    mask = torch.zeros((len(batch), width - 1))
-    for i, e in enumerate(batch):
-        ids[i, :len(e.ids)] = torch.tensor(e.ids)
-        attn[i, :len(e.ids)] = 1
-        mask[i, e.start - 1:len(e.ids) - 1] = 1.0  # position t predicts token t+1
-    adv = torch.tensor([e.adv for e in batch])
-    return ids, attn, mask, adv
-
-
-def micro_loss(model, batch: list[Example], counts: dict[str, float], cfg: Config, pad_id: int):
-    """Loss of one micro-batch as its share of the step's token means; also the sums for
-    metrics. Zero-advantage GRPO/SD sequences were dropped earlier but kept in `counts`."""
-    import torch
-
-    from rltf_ray import losses
-
-    ids, attn, mask, adv = _pad(batch, pad_id)
-    logits = model(input_ids=ids, attention_mask=attn).logits
-    logp = losses.token_logprobs(logits, ids)
-    term = torch.tensor([{"grpo": 0, "sd": 1, "fm": 2}[e.term] for e in batch]).unsqueeze(-1)
-    m_grpo, m_sd, m_fm = ((term == k).float() * mask for k in range(3))
-    grpo_tok = losses.grpo_token_loss(logp, logp.detach(), adv, cfg.loss.clip_eps)
-    sd_tok, keep = losses.sd_token_loss(logp, adv, cfg.loss.sd_mask_tau)
-    fm_tok = losses.fm_token_loss(logp)
-    l_grpo = losses.token_sum(grpo_tok, m_grpo, counts["grpo"])
-    l_sd = losses.token_sum(sd_tok, m_sd * keep, counts["sd"])
-    l_fm = losses.token_sum(fm_tok, m_fm, counts["fm"])
-    total = losses.rltf_loss(l_grpo, l_sd, l_fm, cfg.loss.lambda_sd, cfg.loss.lambda_fm)
-    sd_masked = float(((1 - keep) * m_sd).sum())
-    return total, {"loss_grpo": l_grpo.item(), "loss_sd": l_sd.item(), "loss_fm": l_fm.item(),
-                   "sd_tokens_masked": sd_masked}
-
-
 def shard_examples(examples: list[Example], rank: int, world: int) -> list[Example]:
     """Longest-first round robin, so every rank gets a similar number of tokens."""
     ordered = sorted(examples, key=lambda e: -len(e.ids))
     return ordered[rank::world]
+
+
+def fill_side_logprobs(mine: list[Example], engine, ref_model, cfg: Config, pad_id: int) -> None:
+    """No-grad pre-pass: pi(y1|x1) for SD importance weights, reference log-probs for KL."""
+    mb = cfg.trainer.micro_batch_size
+    if cfg.loss.sd_weight != "none":
+        sd = [e for e in mine if e.term == "sd"]
+        seqs = [(e.x1_ids + e.ids[e.start:], len(e.x1_ids)) for e in sd]
+        for e, lp in zip(sd, sequence_logprobs(engine, seqs, pad_id, mb)):
+            e.logp_x1 = lp
+    if ref_model is not None:
+        rl = [e for e in mine if e.term in ("rl0", "rl1")]
+        for e, lp in zip(rl, sequence_logprobs(ref_model, [(e.ids, e.start) for e in rl], pad_id, mb)):
+            e.ref_logp = lp
+
+
+def reduce_metrics(sums: dict[str, float], cfg: Config, lambda_sd: float) -> dict:
+    """Sum the workers' loss shares (each already divided by the step-global normaliser)."""
+    import torch
+    import torch.distributed as dist
+
+    keys = [f"loss_{t}" for t in TERMS] + ["kl_sum", "rl_tokens", "sd_tokens_masked", "is_w_sum",
+                                           "is_w_sq_sum", "sd_tokens"]
+    vec = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64)
+    dist.all_reduce(vec)
+    w_max = torch.tensor([sums.get("is_w_max", 0.0)])
+    dist.all_reduce(w_max, op=dist.ReduceOp.MAX)
+    v = dict(zip(keys, vec.tolist()))
+    L = cfg.loss
+    m = {k: v[k] for k in keys if k.startswith("loss_")}
+    m["loss_grpo"] = m["loss_rl0"]  # the issue-2 name for the turn-0 RL term
+    m["loss"] = (m["loss_rl0"] + m["loss_rl1"] + lambda_sd * m["loss_sd"] + L.lambda_fm * m["loss_fm"]
+                 + L.lambda_sft * m["loss_sft"])
+    n_sd = v["sd_tokens"]
+    m["lambda_sd"] = lambda_sd
+    m["sd_masked_fraction"] = v["sd_tokens_masked"] / n_sd if n_sd else 0.0
+    m["kl_mean"] = v["kl_sum"] / v["rl_tokens"] if v["rl_tokens"] else 0.0
+    if L.sd_weight != "none" and n_sd:
+        mean = v["is_w_sum"] / n_sd
+        m.update({"is_weight_mean": mean, "is_weight_max": float(w_max),
+                  "is_weight_var": max(v["is_w_sq_sum"] / n_sd - mean ** 2, 0.0)})
+    return m
 
 
 def deepspeed_config(cfg: Config) -> dict:
@@ -195,41 +153,44 @@ def train_loop(config: dict) -> None:
                               weight_decay=cfg.trainer.weight_decay)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optim, config=deepspeed_config(cfg),
                                       dist_init_required=False)
-    sync = make_weight_sync(cfg.trainer.weight_sync, torch.bfloat16)
+    sync = make_weight_sync(cfg.trainer.weight_sync, getattr(torch, config["engine_dtype"]))
     if rank == 0:
         sync.connect(engines)
     broker = ray.get_actor(config["broker_name"])
     ckpt_dir = os.path.join(config["output_dir"], "checkpoints")
+    ref_model = None
+    if cfg.loss.kl_coef > 0:  # only then is the frozen reference loaded at all
+        ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    mb = cfg.trainer.micro_batch_size
     for step in range(cfg.run.steps):
         got = ray.get(broker.get_step.remote(step))
         rows = ray.get(got[0])
         t0 = time.perf_counter()
         examples, stats = build_examples(rows, cfg, tokenizer)
-        counts = {k: float(sum(len(e.ids) - e.start for e in examples if e.term == k))
-                  for k in ("grpo", "sd", "fm")}
-        trained = [e for e in examples if e.term == "fm" or e.adv != 0.0]
+        norms = step_normalisers(examples, cfg)
+        # zero-advantage RL/SD sequences add nothing but still count in the normalisers
+        trained = [e for e in examples if e.term in ("fm", "sft") or e.adv != 0.0]
         mine = shard_examples(trained, rank, world)
-        n_micro = torch.tensor([math.ceil(len(mine) / cfg.trainer.micro_batch_size)])
+        fill_side_logprobs(mine, engine, ref_model, cfg, pad_id)
+        n_micro = torch.tensor([math.ceil(len(mine) / mb)])
         dist.all_reduce(n_micro, op=dist.ReduceOp.MAX)  # every rank must run the same collectives
         n_micro = max(int(n_micro), 1)
-        sums = {"loss_grpo": 0.0, "loss_sd": 0.0, "loss_fm": 0.0, "sd_tokens_masked": 0.0}
-        mb = cfg.trainer.micro_batch_size
+        lambda_sd = cfg.loss.lambda_sd_at(step)
+        sums: dict[str, float] = {}
         for i in range(n_micro):
             batch = mine[i * mb:(i + 1) * mb]
             engine.set_gradient_accumulation_boundary(i == n_micro - 1)
             if batch:
-                loss, parts = micro_loss(engine, batch, counts, cfg, pad_id)
+                loss, parts = micro_loss(engine, batch, norms, cfg, pad_id, lambda_sd)
                 for k, v in parts.items():
-                    sums[k] += v
+                    sums[k] = max(sums.get(k, 0.0), v) if k == "is_w_max" else sums.get(k, 0.0) + v
             else:  # keeps this rank in step with the others' gradient reductions
                 dummy = torch.tensor([[pad_id, pad_id]])
                 loss = engine(input_ids=dummy).logits.sum() * 0.0
             # DeepSpeed averages gradients over ranks; scale back to a sum of shares.
             engine.backward(loss * world, scale_wrt_gas=False)
         engine.step()
-        reduced = torch.tensor([sums[k] for k in ("loss_grpo", "loss_sd", "loss_fm", "sd_tokens_masked")])
-        dist.all_reduce(reduced)
-        l_grpo, l_sd, l_fm, masked = reduced.tolist()
+        metrics = reduce_metrics(sums, cfg, lambda_sd)
         seconds_train = time.perf_counter() - t0
         version = step + 1
         t1 = time.perf_counter()
@@ -244,12 +205,9 @@ def train_loop(config: dict) -> None:
             engine.module.save_pretrained(path, state_dict=state)
             tokenizer.save_pretrained(path)
         del state
-        metrics = {"step": step, "policy_version": version,
-                   "loss": l_grpo + cfg.loss.lambda_sd * l_sd + cfg.loss.lambda_fm * l_fm,
-                   "loss_grpo": l_grpo, "loss_sd": l_sd, "loss_fm": l_fm,
-                   "sd_masked_fraction": masked / counts["sd"] if counts["sd"] else 0.0,
-                   "tokens_grpo": counts["grpo"], "tokens_sd": counts["sd"], "tokens_fm": counts["fm"],
-                   "seconds_train": seconds_train, "seconds_sync": seconds_sync, **stats}
+        metrics.update({"step": step, "policy_version": version, "seconds_train": seconds_train,
+                        "seconds_sync": seconds_sync, **stats,
+                        **{f"examples_{t}": sum(e.term == t for e in examples) for t in TERMS}})
         ray.train.report(metrics)
         if rank == 0:
             ray.get(broker.put_result.remote(step, metrics))

@@ -37,7 +37,7 @@ def run(tmp_path_factory, tiny_path):
         from rltf_ray.stages.engine import start_engines
 
         ckpt = out / "checkpoints" / "step_2"
-        fresh = start_engines(str(ckpt), cfg.engine, "bfloat16", 0)[0]
+        fresh = start_engines(str(ckpt), cfg.engine, p.dtype, 0)[0]
         from_ckpt = ray.get(fresh.sequence_logprobs.remote(*probe))
         gen = ray.get(fresh.generate.remote([probe[0]], n=2, temperature=1.0, top_p=1.0, max_tokens=8))
         ray.kill(fresh)

@@ -57,7 +57,19 @@ class ProgrammaticCritic:
         return {"batches": self.batches, "requests": self.requests}
 
 
-CRITICS = {"programmatic": ProgrammaticCritic}
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256,
+                  logging_config={"log_level": "WARNING", "enable_access_log": False})
+class CorrectnessOnlyCritic(ProgrammaticCritic.func_or_class):
+    """Ablation: the critique carries only the verdict, no information about the error."""
+
+    def judge_one(self, item: dict) -> dict:
+        out = super().judge_one(item)
+        out["critique"] = ("Your previous answer was correct." if out["correct"]
+                           else "Your previous answer was incorrect.")
+        return out
+
+
+CRITICS = {"programmatic": ProgrammaticCritic, "correctness_only": CorrectnessOnlyCritic}
 
 
 def build_critic_app(task_cfg: TaskConfig, p: CritiqueParams):
@@ -97,11 +109,12 @@ def request_critiques(handle, items: list[dict], p: CritiqueParams) -> tuple[lis
     return results, errors
 
 
-def make_critique(task_cfg: TaskConfig, p: CritiqueParams):
+def make_critique(task_cfg: TaskConfig, p: CritiqueParams, turns: int = 2):
     def critique(rows: list[dict]) -> list[dict]:
         task = get_task(task_cfg)
         scores = [task.score(r["response"], _meta(r["meta"])) for r in rows]
-        ask = [i for i, s in enumerate(scores) if not (p.early_termination and s.correct)]
+        ask = [] if turns == 1 else [i for i, s in enumerate(scores)
+                                     if not (p.early_termination and s.correct)]
         results, errors = [], []
         if ask:
             handle = serve.get_app_handle(p.app_name)

@@ -64,13 +64,16 @@ class PolicyEngine:
         return self.version
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
-                 max_tokens: int, seed: int | None = None) -> dict:
-        """Sample `n` completions per token-id prompt; returns outputs, version and timings."""
+                 max_tokens: int) -> dict:
+        """Sample `n` completions per token-id prompt; returns outputs, version and timings.
+
+        No per-request seed: on the CPU backend a seeded request whose prefill is chunked
+        crashes vLLM 0.32 ("CPU Generator does not use offset"); the engine seed is set once."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         sp = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                            logprobs=0, seed=seed)
+                            logprobs=0)
         with self.lock:
             t0 = time.perf_counter()
             outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,

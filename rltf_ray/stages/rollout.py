@@ -23,13 +23,12 @@ def _call(engines: list, key: str, prompts: list[list[int]], node: str, **kw) ->
                          "Ray dashboard") from e
 
 
-def make_generate(engines: list, model_path: str, p: GenerateParams, node: str, seed: int):
+def make_generate(engines: list, model_path: str, p: GenerateParams, node: str):
     def generate(rows: list[dict]) -> list[dict]:
         tok = load_tokenizer(model_path)
         prompts = [encode(tok, first_turn_messages(r["prompt"])) for r in rows]
         res = _call(engines, rows[0]["prompt_id"], prompts, node, n=p.n,
-                    temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_tokens,
-                    seed=seed + rows[0]["step"] * 100_003 + zlib.crc32(rows[0]["prompt_id"].encode()))
+                    temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_tokens)
         out = []
         for r, ids, group in zip(rows, prompts, res["outputs"]):
             for j, g in enumerate(group):
@@ -42,7 +41,7 @@ def make_generate(engines: list, model_path: str, p: GenerateParams, node: str, 
     return generate
 
 
-def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, seed: int):
+def make_revise(engines: list, model_path: str, p: ReviseParams, node: str):
     def revise(rows: list[dict]) -> list[dict]:
         tok = load_tokenizer(model_path)
         todo = [i for i, r in enumerate(rows) if r["revised"]]
@@ -52,8 +51,7 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, seed
         if todo:
             key = rows[todo[0]]["prompt_id"]
             res = _call(engines, key, prompts, node, n=1, temperature=p.temperature,
-                        top_p=p.top_p, max_tokens=p.max_tokens,
-                        seed=seed + 7 + rows[0]["step"] * 100_003 + zlib.crc32(key.encode()))
+                        top_p=p.top_p, max_tokens=p.max_tokens)
         done = {i: (ids, group[0]) for i, ids, group in zip(todo, prompts, res["outputs"])}
         out = []
         for i, r in enumerate(rows):
