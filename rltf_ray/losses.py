@@ -16,9 +16,14 @@ import torch
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """log pi(input_ids[:, t+1] | input_ids[:, :t+1]) for t in 0..T-2, shape [B, T-1]."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    """log pi(input_ids[:, t+1] | input_ids[:, :t+1]) for t in 0..T-2, shape [B, T-1].
+
+    Uses the fused cross-entropy so that no extra [B, T, V] float copy is kept for backward
+    (with a 49k vocabulary that copy dominates a micro-batch's memory)."""
+    b, t, v = logits.shape
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, v).float(),
+                                            input_ids[:, 1:].reshape(-1), reduction="none")
+    return -nll.view(b, t - 1)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -153,12 +158,17 @@ def subset_group_means(values: torch.Tensor, group_ids: torch.Tensor,
 def importance_weights(logp_x0: torch.Tensor, logp_x1: torch.Tensor, mask: torch.Tensor,
                        level: str) -> torch.Tensor:
     """w = pi(y1|x0) / pi(y1|x1), per token ('token') or as the product over the sequence in
-    log space ('sequence'), broadcast to tokens. Gradient flows through pi(y1|x0) only."""
+    log space ('sequence'), broadcast to tokens. Gradient flows through pi(y1|x0) only.
+
+    The sequence weight is applied per token as sg(w_seq) * pi_t / sg(pi_t): its value is
+    w_seq and its gradient w_seq * dlog pi_t, so under token-mean aggregation it reduces to
+    plain SD when w_seq = 1 (a bare w_seq per token would multiply the gradient by T)."""
     log_ratio = (logp_x0 - logp_x1.detach()) * mask
     if level == "token":
         return torch.exp(log_ratio)
     if level == "sequence":
-        return torch.exp(log_ratio.sum(-1, keepdim=True)).expand_as(logp_x0)
+        w_seq = torch.exp(log_ratio.sum(-1, keepdim=True)).detach()
+        return w_seq * torch.exp(logp_x0 - logp_x0.detach())
     raise ValueError(f"importance weight level must be token or sequence, got {level!r}")
 
 

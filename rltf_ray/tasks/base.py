@@ -58,9 +58,12 @@ class Task(ABC):
         format_ok = len(tags) > 0
         if self.cfg.extraction == "tag":
             return (tags[-1].strip() if tags else None), format_ok
-        source = tags[-1] if tags else text
-        nums = LAST_NUMBER.findall(source)
-        return (nums[-1].replace(",", "") if nums else None), format_ok
+        return self.lenient_answer(tags[-1] if tags else text), format_ok
+
+    def lenient_answer(self, text: str) -> str | None:
+        """The answer when tags are not required (extraction "last_number"): the last integer."""
+        nums = LAST_NUMBER.findall(text)
+        return nums[-1].replace(",", "") if nums else None
 
     @abstractmethod
     def check(self, answer: str, meta: dict) -> bool:
@@ -96,6 +99,11 @@ def task_names() -> list[str]:
 
 
 def get_task(cfg: TaskConfig) -> Task:
+    if cfg.name.startswith("rg:"):
+        from rltf_ray.tasks.puzzles import rg_task
+
+        return rg_task(cfg)
     if cfg.name not in _REGISTRY:
-        raise ConfigError(f"task.name: unknown task '{cfg.name}' (known: {', '.join(task_names())})")
+        raise ConfigError(f"task.name: unknown task '{cfg.name}' (known: {', '.join(task_names())}, "
+                          "or rg:<reasoning-gym dataset>)")
     return _REGISTRY[cfg.name](cfg)

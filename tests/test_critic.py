@@ -1,0 +1,72 @@
+"""The critique stage against a real Serve deployment: batching, early termination,
+correctness-only feedback, HTTP, and timeouts that mark rows instead of dropping them."""
+import json
+
+import pytest
+import ray
+import requests
+from ray import serve
+
+from rltf_ray.config import TaskConfig
+from rltf_ray.graph import CritiqueParams
+from rltf_ray.stages.critique import build_critic_app, make_critique, make_reward
+
+pytestmark = pytest.mark.integration
+TASK = TaskConfig(params={"min_digits": 2, "max_digits": 3})
+PORT = 8131
+
+
+@pytest.fixture(scope="module")
+def serve_up():
+    ray.init(num_cpus=4, include_dashboard=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    yield
+    serve.shutdown()
+    ray.shutdown()
+
+
+def deploy(name, **kw):
+    p = CritiqueParams(app_name=name, **kw)
+    serve.run(build_critic_app(TASK, p), name=name, route_prefix=f"/{name}")
+    return p
+
+
+def rows(answers):
+    meta = {"a": 40, "b": 2, "op": "+", "answer": 42}
+    return [{"prompt_id": "p", "step": 0, "prompt": "What is 40 + 2?", "meta": json.dumps(meta),
+             "response": f"<answer>{a}</answer>"} for a in answers]
+
+
+def test_early_termination_and_batching(serve_up):
+    p = deploy("crit_et", batch_wait_timeout_s=0.5)
+    out = make_critique(TASK, p)(rows([42, 41, 50, 42, 7, 43]))
+    stats = serve.get_app_handle("crit_et").stats.remote().result()
+    assert stats["requests"] == 4  # the two correct answers never reach the critic
+    assert stats["batches"] < stats["requests"]
+    assert [r["revised"] for r in out] == [False, True, True, False, True, True]
+    assert [r["critique"] == "" for r in out] == [True, False, False, True, False, False]
+    assert "too low" in out[1]["critique"] and "42" not in out[1]["critique"]
+    assert [r["reward_first"] for r in out] == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    no_et = make_critique(TASK, deploy("crit_all", early_termination=False))(rows([42, 41]))
+    assert [r["critique"] for r in no_et][0] == "Your answer is correct."
+
+
+def test_correctness_only_critic_and_http(serve_up):
+    p = deploy("crit_co", critic="correctness_only")
+    out = make_critique(TASK, p)(rows([41]))
+    assert out[0]["critique"] == "Your previous answer was incorrect."
+    r = requests.post(f"http://127.0.0.1:{PORT}/crit_co",
+                      json={"response": "<answer>42</answer>", "meta": {"answer": 42}}, timeout=30)
+    assert r.status_code == 200 and r.json()["critique"] == "Your previous answer was correct."
+
+
+def test_timeouts_mark_rows_keep_rewards_and_lose_nothing(serve_up):
+    p = deploy("crit_slow", timeout_s=0.0001, retries=1, backoff_s=0.01)
+    out = make_critique(TASK, p)(rows([42, 41, 40]))
+    assert len(out) == 3
+    assert [r["critique_failed"] for r in out] == [False, True, True]
+    assert all("Timeout" in r["critique_error"] or "timed out" in r["critique_error"].lower()
+               for r in out[1:])
+    assert [r["reward_first"] for r in out] == [1.0, 0.0, 0.0]  # the verifier's reward is kept
+    scored = make_reward(TASK)([dict(r, revision="") for r in out])
+    assert [r["reward_second"] for r in scored] == [1.0, 0.0, 0.0]  # no revision for failed rows
