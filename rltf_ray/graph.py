@@ -46,8 +46,28 @@ class CritiqueParams:
     retries: int = 2
     backoff_s: float = 0.5
     num_replicas: int = 1
+    # Serve autoscaling: used when max_replicas is set.
+    min_replicas: int = 1
+    max_replicas: int | None = None
+    target_ongoing_requests: float = 16.0
     max_batch_size: int = 64
     batch_wait_timeout_s: float = 0.01
+    # llm_judge: the judge's own model (any HF folder; "smollm2"/"tiny" = built-in).
+    judge_model: str = "smollm2"
+    judge_max_tokens: int = 256
+    # openai: an OpenAI-compatible endpoint; the key is read from env var `api_key_env`.
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+
+    def __post_init__(self):
+        critics = ("programmatic", "correctness_only", "llm_judge", "openai")
+        if self.critic not in critics:
+            raise ConfigError(f"critic: unknown critic {self.critic!r} (known: {', '.join(critics)})")
+        if self.critic == "openai" and not (self.base_url and self.model):
+            raise ConfigError("critic 'openai' needs base_url and model")
+        if self.retries < 0 or self.timeout_s <= 0:
+            raise ConfigError("retries must be >= 0 and timeout_s > 0")
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,12 @@ def step_normalisers(examples: list[Example], cfg: Config) -> dict[str, float]:
     return out
 
 
-def pad(batch: list[Example], pad_id: int):
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def pad(batch: list[Example], pad_id: int, device: torch.device | str = "cpu"):
+    """Right-padded ids, attention mask, the trained-token mask and advantages on `device`."""
     width = max(len(e.ids) for e in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(batch), width), dtype=torch.long)
@@ -110,7 +115,7 @@ def pad(batch: list[Example], pad_id: int):
         attn[i, :len(e.ids)] = 1
         mask[i, e.start - 1:len(e.ids) - 1] = 1.0  # position t predicts token t+1
     adv = torch.tensor([e.adv for e in batch])
-    return ids, attn, mask, adv
+    return ids.to(device), attn.to(device), mask.to(device), adv.to(device)
 
 
 def _aligned(batch: list[Example], attr: str, like: torch.Tensor) -> torch.Tensor:
@@ -119,7 +124,8 @@ def _aligned(batch: list[Example], attr: str, like: torch.Tensor) -> torch.Tenso
     for i, e in enumerate(batch):
         vals = getattr(e, attr)
         if vals is not None:
-            out[i, e.start - 1:e.start - 1 + len(vals)] = torch.tensor(vals, dtype=out.dtype)
+            out[i, e.start - 1:e.start - 1 + len(vals)] = torch.tensor(vals, dtype=out.dtype,
+                                                                         device=out.device)
     return out
 
 
@@ -130,8 +136,8 @@ def sequence_logprobs(model, seqs: list[tuple[list[int], int]], pad_id: int,
     with torch.no_grad():
         for k in range(0, len(seqs), micro_batch):
             chunk = [Example(ids, start, "aux") for ids, start in seqs[k:k + micro_batch]]
-            ids, attn, mask, _ = pad(chunk, pad_id)
-            logp = losses.token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)
+            ids, attn, mask, _ = pad(chunk, pad_id, _device(model))
+            logp = losses.token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids).cpu()
             for i, e in enumerate(chunk):
                 out.append(logp[i, e.start - 1:len(e.ids) - 1].tolist())
     return out
@@ -142,9 +148,9 @@ def micro_loss(model, batch: list[Example], norms: dict[str, float], cfg: Config
     """This micro-batch's share of the step loss, and sums for the step's metrics."""
     L = cfg.loss
     lambda_sd = L.lambda_sd if lambda_sd is None else lambda_sd
-    ids, attn, mask, adv = pad(batch, pad_id)
+    ids, attn, mask, adv = pad(batch, pad_id, _device(model))
     logp = losses.token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)
-    term_id = torch.tensor([TERMS.index(e.term) for e in batch]).unsqueeze(-1)
+    term_id = torch.tensor([TERMS.index(e.term) for e in batch], device=ids.device).unsqueeze(-1)
     m = {t: (term_id == k).float() * mask for k, t in enumerate(TERMS)}
     rl_tok = losses.grpo_token_loss(logp, logp.detach(), adv, L.clip_eps)
     kl_tok = torch.zeros_like(logp)

@@ -83,11 +83,12 @@ def reduce_metrics(sums: dict[str, float], cfg: Config, lambda_sd: float) -> dic
 
     keys = [f"loss_{t}" for t in TERMS] + ["kl_sum", "rl_tokens", "sd_tokens_masked", "is_w_sum",
                                            "is_w_sq_sum", "sd_tokens"]
-    vec = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64)
+    dev = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    vec = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64, device=dev)
     dist.all_reduce(vec)
-    w_max = torch.tensor([sums.get("is_w_max", 0.0)])
+    w_max = torch.tensor([sums.get("is_w_max", 0.0)], device=dev)
     dist.all_reduce(w_max, op=dist.ReduceOp.MAX)
-    v = dict(zip(keys, vec.tolist()))
+    v = dict(zip(keys, vec.cpu().tolist()))
     L = cfg.loss
     m = {k: v[k] for k in keys if k.startswith("loss_")}
     m["loss_grpo"] = m["loss_rl0"]  # the issue-2 name for the turn-0 RL term
@@ -161,6 +162,7 @@ def train_loop(config: dict) -> None:
     ref_model = None
     if cfg.loss.kl_coef > 0:  # only then is the frozen reference loaded at all
         ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        ref_model.to(next(engine.module.parameters()).device)
     mb = cfg.trainer.micro_batch_size
     for step in range(cfg.run.steps):
         got = ray.get(broker.get_step.remote(step))
@@ -172,7 +174,9 @@ def train_loop(config: dict) -> None:
         trained = [e for e in examples if e.term in ("fm", "sft") or e.adv != 0.0]
         mine = shard_examples(trained, rank, world)
         fill_side_logprobs(mine, engine, ref_model, cfg, pad_id)
-        n_micro = torch.tensor([math.ceil(len(mine) / mb)])
+        # gloo (CPU) and NCCL (GPU) both reduce tensors on the worker's own device
+        dev = next(engine.module.parameters()).device
+        n_micro = torch.tensor([math.ceil(len(mine) / mb)], device=dev)
         dist.all_reduce(n_micro, op=dist.ReduceOp.MAX)  # every rank must run the same collectives
         n_micro = max(int(n_micro), 1)
         lambda_sd = cfg.loss.lambda_sd_at(step)
@@ -185,7 +189,7 @@ def train_loop(config: dict) -> None:
                 for k, v in parts.items():
                     sums[k] = max(sums.get(k, 0.0), v) if k == "is_w_max" else sums.get(k, 0.0) + v
             else:  # keeps this rank in step with the others' gradient reductions
-                dummy = torch.tensor([[pad_id, pad_id]])
+                dummy = torch.tensor([[pad_id, pad_id]], device=next(engine.module.parameters()).device)
                 loss = engine(input_ids=dummy).logits.sum() * 0.0
             # DeepSpeed averages gradients over ranks; scale back to a sum of shares.
             engine.backward(loss * world, scale_wrt_gas=False)

@@ -68,3 +68,28 @@ def test_bad_task_params_are_named():
         get_task(TaskConfig(name="nope"))
     with pytest.raises(ConfigError, match="extraction"):
         task(extraction="regex")
+
+
+def test_math_task_boxed_extraction_and_verifier():
+    t = get_task(TaskConfig(name="math"))
+    rows = list(t.rows("train", 0, 40))
+    assert rows == list(t.rows("train", 0, 40))
+    for r in rows:
+        meta = json.loads(r["meta"])
+        assert t.score(f"so the answer is \\boxed{{{meta['answer']}}}", meta).correct
+        assert not t.score("\\boxed{12345}", meta).correct
+        c = t.critique("\\boxed{12345}", meta)
+        assert c == "Your answer is incorrect." and (len(meta["answer"]) <= 2 or meta["answer"] not in c)
+    meta = {"question": "q", "answer": "\\frac{1}{2}"}
+    assert t.score("\\boxed{0.5}", meta).correct and t.score("\\boxed{\\frac{2}{4}}", meta).correct
+    assert t.extract("x \\boxed{\\frac{a}{b}} y") == ("\\frac{a}{b}", True)
+    assert not t.score("the answer is 1/2", meta).format_ok
+    test_rows = list(t.rows("test", 0, 10))
+    assert {r["prompt"] for r in test_rows}.isdisjoint(r["prompt"] for r in t.rows("train", 0, 40))
+
+
+def test_math_task_file_errors(tmp_path):
+    bad = tmp_path / "m.jsonl"
+    bad.write_text('{"problem": "1+1"}\n')
+    with pytest.raises(ConfigError, match=":1: need 'problem'"):
+        get_task(TaskConfig(name="math", params={"path": str(bad)}))

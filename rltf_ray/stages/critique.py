@@ -69,18 +69,38 @@ class CorrectnessOnlyCritic(ProgrammaticCritic.func_or_class):
         return out
 
 
-CRITICS = {"programmatic": ProgrammaticCritic, "correctness_only": CorrectnessOnlyCritic}
-
-
 def build_critic_app(task_cfg: TaskConfig, p: CritiqueParams):
-    if p.critic not in CRITICS:
-        from rltf_ray.config import ConfigError
-
-        raise ConfigError(f"critique node: unknown critic '{p.critic}' (known: {', '.join(CRITICS)})")
+    """The Serve application for `p.critic`, with replicas or autoscaling from the config."""
     import dataclasses
 
-    return CRITICS[p.critic].options(num_replicas=p.num_replicas).bind(
-        dataclasses.asdict(task_cfg), p.max_batch_size, p.batch_wait_timeout_s)
+    from rltf_ray.config import ConfigError, EngineConfig
+
+    opts: dict = {"num_replicas": p.num_replicas}
+    if p.max_replicas is not None:
+        opts = {"autoscaling_config": {"min_replicas": p.min_replicas, "max_replicas": p.max_replicas,
+                                       "target_ongoing_requests": p.target_ongoing_requests}}
+    if p.critic in ("programmatic", "correctness_only"):
+        cls = ProgrammaticCritic if p.critic == "programmatic" else CorrectnessOnlyCritic
+        return cls.options(**opts).bind(dataclasses.asdict(task_cfg), p.max_batch_size,
+                                         p.batch_wait_timeout_s)
+    if p.critic == "llm_judge":
+        from rltf_ray.models import resolve_dtype, resolve_model
+        from rltf_ray.stages.engine import engine_env
+        from rltf_ray.stages.judges import LLMJudgeCritic
+
+        env = engine_env(EngineConfig(), use_gpu=False)
+        opts["ray_actor_options"] = {"num_cpus": 1, "runtime_env": {"env_vars": env}}
+        return LLMJudgeCritic.options(**opts).bind(
+            resolve_model(p.judge_model), resolve_dtype("auto", False), p.judge_max_tokens,
+            2048, p.max_batch_size, max(p.batch_wait_timeout_s, 0.05))
+    if p.critic == "openai":
+        from rltf_ray.stages.judges import OpenAICritic
+
+        if not p.base_url or not p.model:
+            raise ConfigError("critique node: critic 'openai' needs base_url and model")
+        return OpenAICritic.options(**opts).bind(p.base_url, p.model, p.api_key_env,
+                                                 p.judge_max_tokens, p.timeout_s)
+    raise ConfigError(f"critique node: unknown critic '{p.critic}'")
 
 
 def request_critiques(handle, items: list[dict], p: CritiqueParams) -> tuple[list, list[str]]:
@@ -119,7 +139,8 @@ def make_critique(task_cfg: TaskConfig, p: CritiqueParams, turns: int = 2):
         if ask:
             handle = serve.get_app_handle(p.app_name)
             results, errors = request_critiques(
-                handle, [{"response": rows[i]["response"], "meta": rows[i]["meta"]} for i in ask], p)
+                handle, [{"prompt": rows[i]["prompt"], "response": rows[i]["response"],
+                          "meta": rows[i]["meta"]} for i in ask], p)
         by_row = {i: (res, err) for i, res, err in zip(ask, results, errors)}
         out = []
         for i, (r, s) in enumerate(zip(rows, scores)):
