@@ -37,8 +37,10 @@ test-unit: install
 	$(PY) -m pytest -q -m "not integration"
 
 bench: models
-	$(PY) benchmarks/bench_step.py
 	$(PY) benchmarks/bench_losses.py
+	$(PY) benchmarks/bench_engine.py tiny smollm2
+	$(PY) benchmarks/bench_task_accuracy.py smollm2
+	$(PY) benchmarks/bench_step.py --config pipelines/configs/tiny.yaml --steps 4
 
 clean:
 	rm -rf outputs .pytest_cache

@@ -179,7 +179,7 @@ def micro_loss(model, batch: list[Example], norms: dict[str, float], cfg: Config
              + L.lambda_sft * parts["sft"])
     sd_sel = m["sd"] > 0
     sums = {f"loss_{k}": v.item() for k, v in parts.items()}
-    sums.update({"kl_sum": float((kl_tok * (m["rl0"] + m["rl1"])).sum()),
+    sums.update({"kl_sum": float((kl_tok.detach() * (m["rl0"] + m["rl1"])).sum()),
                  "rl_tokens": float((m["rl0"] + m["rl1"]).sum()),
                  "sd_tokens_masked": float(((1 - keep) * m["sd"]).sum()),
                  "is_w_sum": float(w[sd_sel].sum()), "is_w_sq_sum": float((w[sd_sel] ** 2).sum()),

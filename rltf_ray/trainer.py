@@ -111,7 +111,12 @@ def deepspeed_config(cfg: Config) -> dict:
         "train_micro_batch_size_per_gpu": t.micro_batch_size,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": t.grad_clip,
-        "zero_optimization": {"stage": t.zero_stage},
+        # DeepSpeed's default buckets hold 5e8 elements (2 GB each in fp32): far more than a
+        # small model needs, and enough to run a 24 GB node out of memory with 2 workers.
+        "zero_optimization": {"stage": t.zero_stage, "reduce_bucket_size": 50_000_000,
+                              "allgather_bucket_size": 50_000_000,
+                              "stage3_prefetch_bucket_size": 50_000_000,
+                              "stage3_param_persistence_threshold": 100_000},
         "bf16": {"enabled": t.bf16},
         "steps_per_print": 10 ** 9,
         "wall_clock_breakdown": False,

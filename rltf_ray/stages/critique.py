@@ -20,9 +20,26 @@ def _meta(m) -> dict:
     return json.loads(m) if isinstance(m, str) else dict(m)
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256,
-                  logging_config={"log_level": "WARNING", "enable_access_log": False})
-class ProgrammaticCritic:
+# Per-request access logs would print one line per rollout row.
+DEPLOYMENT_OPTIONS = dict(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256,
+                          logging_config={"log_level": "WARNING", "enable_access_log": False})
+
+
+class CriticEndpoints:
+    """What every critic deployment serves besides `judge`: HTTP and call counters."""
+
+    batches = 0
+    requests = 0
+
+    async def __call__(self, request) -> dict:
+        return await self.judge(await request.json())
+
+    def stats(self) -> dict:
+        return {"batches": self.batches, "requests": self.requests}
+
+
+@serve.deployment(**DEPLOYMENT_OPTIONS)
+class ProgrammaticCritic(CriticEndpoints):
     """Wraps the task's programmatic score and critique.
 
     Request: {"response": str, "meta": dict | JSON str}.
@@ -33,8 +50,6 @@ class ProgrammaticCritic:
         self.task = get_task(_build(TaskConfig, task, "task"))
         self.judge.set_max_batch_size(max_batch_size)
         self.judge.set_batch_wait_timeout_s(batch_wait_timeout_s)
-        self.batches = 0
-        self.requests = 0
 
     def judge_one(self, item: dict) -> dict:
         if not isinstance(item, dict) or not isinstance(item.get("response"), str) or "meta" not in item:
@@ -50,15 +65,8 @@ class ProgrammaticCritic:
         self.requests += len(items)
         return [self.judge_one(x) for x in items]
 
-    async def __call__(self, request) -> dict:
-        return await self.judge(await request.json())
 
-    def stats(self) -> dict:
-        return {"batches": self.batches, "requests": self.requests}
-
-
-@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256,
-                  logging_config={"log_level": "WARNING", "enable_access_log": False})
+@serve.deployment(**DEPLOYMENT_OPTIONS)
 class CorrectnessOnlyCritic(ProgrammaticCritic.func_or_class):
     """Ablation: the critique carries only the verdict, no information about the error."""
 
