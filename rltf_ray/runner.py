@@ -138,9 +138,11 @@ class Pipeline:
         ds = ray.data.from_items(rows)
         for node in self.order:
             p = node_params(node)
-            fn = {"generate": lambda: make_generate(self.engines, self.model_path, p, node.name),
+            fn = {"generate": lambda: make_generate(self.engines, self.model_path, p, node.name,
+                                                  self.cfg.engine.max_model_len),
                   "critique": lambda: make_critique(self.cfg.task, p, self.cfg.run.turns),
-                  "revise": lambda: make_revise(self.engines, self.model_path, p, node.name),
+                  "revise": lambda: make_revise(self.engines, self.model_path, p, node.name,
+                                              self.cfg.engine.max_model_len),
                   "reward": lambda: make_reward(self.cfg.task)}.get(node.kind)
             if fn is None:
                 continue

@@ -98,10 +98,11 @@ def reduce_metrics(sums: dict[str, float], cfg: Config, lambda_sd: float) -> dic
     m["lambda_sd"] = lambda_sd
     m["sd_masked_fraction"] = v["sd_tokens_masked"] / n_sd if n_sd else 0.0
     m["kl_mean"] = v["kl_sum"] / v["rl_tokens"] if v["rl_tokens"] else 0.0
-    if L.sd_weight != "none" and n_sd:
-        mean = v["is_w_sum"] / n_sd
-        m.update({"is_weight_mean": mean, "is_weight_max": float(w_max),
-                  "is_weight_var": max(v["is_w_sq_sum"] / n_sd - mean ** 2, 0.0)})
+    m["sd_tokens_trained"] = n_sd
+    if L.sd_weight != "none":  # null when every SD sequence had zero advantage (none forwarded)
+        mean = v["is_w_sum"] / n_sd if n_sd else None
+        m.update({"is_weight_mean": mean, "is_weight_max": float(w_max) if n_sd else None,
+                  "is_weight_var": max(v["is_w_sq_sum"] / n_sd - mean ** 2, 0.0) if n_sd else None})
     return m
 
 

@@ -61,7 +61,8 @@ def test_correctness_only_critic_and_http(serve_up):
 
 
 def test_timeouts_mark_rows_keep_rewards_and_lose_nothing(serve_up):
-    p = deploy("crit_slow", timeout_s=0.0001, retries=1, backoff_s=0.01)
+    # the replica holds each batch for 3 s, so every request outlives its 0.5 s timeout
+    p = deploy("crit_slow", timeout_s=0.5, retries=1, backoff_s=0.01, batch_wait_timeout_s=3.0)
     out = make_critique(TASK, p)(rows([42, 41, 40]))
     assert len(out) == 3
     assert [r["critique_failed"] for r in out] == [False, True, True]

@@ -74,7 +74,7 @@ def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path):
     port = 8151
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="2")
     log = open(tmp_path / "vllm_server.log", "w")
-    server = subprocess.Popen([str(Path(sys.executable).parent / "vllm"), "serve", tiny_path,
+    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_path,
                                "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
                                "--enforce-eager", "--max-model-len", "1024",
                                "--served-model-name", "tiny-judge"],

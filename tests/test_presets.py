@@ -41,9 +41,25 @@ def test_preset_runs_one_step(preset, shared_ray, tmp_path, tiny_path):
     assert (m["examples_fm"] > 0) == (L.lambda_fm > 0)
     if cfg.run.turns == 1:
         assert m["revised_rows"] == 0 and m["examples_rl1"] == 0
-    if L.sd_weight != "none":
+    if L.sd_weight != "none":  # values are null when no SD token had a non-zero advantage
         assert {"is_weight_mean", "is_weight_max", "is_weight_var"} <= set(m)
+        assert (m["is_weight_mean"] is None) == (m["sd_tokens_trained"] == 0)
     if L.kl_coef > 0:
         assert m["kl_mean"] >= 0.0
     for key in ("revision_gain", "zero_adv_group_fraction", "sd_masked_fraction", "loss_sd", "loss_rl1"):
         assert key in m
+
+
+@pytest.mark.parametrize("task", ["knights_knaves", "binary_matrix", "shortest_path"])
+def test_puzzle_task_runs_one_step(task, shared_ray, tmp_path, tiny_path):
+    cfg = load_config("pipelines/configs/tiny.yaml",
+                      [f"run.output_dir={tmp_path}", "run.steps=1", "run.eval_before_after=false",
+                       "run.serve_http_port=8141", f"task.name={task}", "task.params={level: easy}",
+                       "engine.max_model_len=2048", "pipeline.prompts.prompts_per_step=2"])
+    Pipeline(cfg).run()
+    m = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert m["rows"] == 8 and m["policy_version"] == 1 and m["critique_failed"] == 0
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "rollouts" / "step_0.parquet").to_pylist()
+    assert all(r["critique"] for r in rows if r["revised"])  # the puzzle's programmatic critic ran

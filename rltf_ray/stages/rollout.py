@@ -23,10 +23,21 @@ def _call(engines: list, key: str, prompts: list[list[int]], node: str, **kw) ->
                          "Ray dashboard") from e
 
 
-def make_generate(engines: list, model_path: str, p: GenerateParams, node: str):
+def check_lengths(rows: list[dict], prompts: list[list[int]], max_tokens: int,
+                  max_model_len: int, node: str) -> None:
+    """A prompt that cannot fit is a clear error, not a silently truncated or dropped row."""
+    for r, ids in zip(rows, prompts):
+        if len(ids) + max_tokens > max_model_len:
+            raise StageError(f"node '{node}': prompt {r['prompt_id']} is {len(ids)} tokens; with "
+                             f"max_tokens={max_tokens} it exceeds engine.max_model_len={max_model_len}")
+
+
+def make_generate(engines: list, model_path: str, p: GenerateParams, node: str,
+                  max_model_len: int):
     def generate(rows: list[dict]) -> list[dict]:
         tok = load_tokenizer(model_path)
         prompts = [encode(tok, first_turn_messages(r["prompt"])) for r in rows]
+        check_lengths(rows, prompts, p.max_tokens, max_model_len, node)
         res = _call(engines, rows[0]["prompt_id"], prompts, node, n=p.n,
                     temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_tokens)
         out = []
@@ -35,18 +46,20 @@ def make_generate(engines: list, model_path: str, p: GenerateParams, node: str):
                 out.append({**r, "sample_idx": j, "prompt_ids": ids, "response": g.text,
                             "response_ids": g.token_ids, "response_logprobs": g.logprobs,
                             "finish_reason": g.finish_reason, "policy_version": res["version"],
-                            "gen_tokens": len(g.token_ids), "gen_seconds": res["seconds"] / len(rows)})
+                            "gen_tokens": len(g.token_ids),
+                            "gen_seconds": res["seconds"] / (len(rows) * len(group))})
         return out
 
     return generate
 
 
-def make_revise(engines: list, model_path: str, p: ReviseParams, node: str):
+def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_model_len: int):
     def revise(rows: list[dict]) -> list[dict]:
         tok = load_tokenizer(model_path)
         todo = [i for i, r in enumerate(rows) if r["revised"]]
         prompts = [encode(tok, revision_messages(rows[i]["prompt"], rows[i]["response"],
                                                  rows[i]["critique"], p.template)) for i in todo]
+        check_lengths([rows[i] for i in todo], prompts, p.max_tokens, max_model_len, node)
         res = {"outputs": [], "version": -1, "seconds": 0.0}
         if todo:
             key = rows[todo[0]]["prompt_id"]
