@@ -49,7 +49,7 @@ def step_line(m: dict, total: int) -> str:
             f"sync {m['seconds_sync']:.2f})")
 
 
-def evaluate(engines: list, model_path: str, task, n: int, engine_cfg, max_tokens: int) -> dict:
+def evaluate(engines: list, model_path: str, task, n: int, max_tokens: int) -> dict:
     """Greedy first-turn accuracy on the task's held-out split, with no feedback."""
     from rltf_ray.chat import encode, first_turn_messages, load_tokenizer
 

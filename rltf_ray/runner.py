@@ -166,9 +166,9 @@ class Pipeline:
                 raise RuntimeError(f"the trainer stopped before finishing step {step}: "
                                    f"{self.fit_error!r}") from self.fit_error
 
-    def evaluate(self, split: str = "test") -> dict:
+    def evaluate(self) -> dict:
         return M.evaluate(self.engines, self.model_path, self.task, self.cfg.task.eval_prompts,
-                          self.cfg.engine, node_params(self.cfg.node("generate")).max_tokens)
+                          node_params(self.cfg.node("generate")).max_tokens)
 
     def train(self) -> dict:
         """Evaluate, run every RL step, evaluate again; the resources must be started."""

@@ -18,9 +18,6 @@ from rltf_ray.config import Config, config_from_dict
 from rltf_ray.objectives import (TERMS, Example, build_examples, micro_loss, sequence_logprobs,
                                  step_normalisers)
 
-BROKER_NAME = "rltf_step_broker"
-
-
 @ray.remote(num_cpus=0)
 class StepBroker:
     """Hand-off between the driver (producer of rollouts) and the trainer workers."""
@@ -29,7 +26,6 @@ class StepBroker:
         self.steps: dict[int, list] = {}
         self.results: dict[int, dict] = {}
         self.events: dict[tuple[str, int], asyncio.Event] = {}
-        self.error: str | None = None
 
     def _event(self, kind: str, step: int) -> asyncio.Event:
         return self.events.setdefault((kind, step), asyncio.Event())
