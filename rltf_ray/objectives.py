@@ -156,10 +156,9 @@ def micro_loss(model, batch: list[Example], norms: dict[str, float], cfg: Config
     kl_tok = torch.zeros_like(logp)
     if L.kl_coef > 0:
         kl_tok = losses.kl_k3(logp, _aligned(batch, "ref_logp", logp))
-    _, keep = losses.sd_token_loss(logp, adv, L.sd_mask_tau)
+    sd_tok, keep = losses.sd_token_loss(logp, adv, L.sd_mask_tau)
     m_sd = m["sd"] * keep
     if L.sd_weight == "none":
-        sd_tok = losses.sd_token_loss(logp, adv)[0]
         w = torch.ones_like(logp)
     else:
         lx1 = _aligned(batch, "logp_x1", logp)
