@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from rltf_ray.config import Config, ConfigError, NodeSpec, _build

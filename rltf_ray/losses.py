@@ -43,22 +43,13 @@ def token_sum(values: torch.Tensor, mask: torch.Tensor, global_count: float) -> 
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std_norm: bool = False,
                      eps: float = 1e-6) -> torch.Tensor:
     """A_j = r_j - mean_{k in group(j)} r_k (optionally / group std)."""
-    rewards = rewards.float()
-    _, inv = torch.unique(group_ids, return_inverse=True)
-    n_groups = int(inv.max()) + 1 if inv.numel() else 0
-    counts = torch.zeros(n_groups).index_add_(0, inv, torch.ones_like(rewards))
-    means = torch.zeros(n_groups).index_add_(0, inv, rewards) / counts
-    adv = rewards - means[inv]
-    if std_norm:
-        sq = torch.zeros(n_groups).index_add_(0, inv, adv ** 2)
-        std = torch.sqrt(sq / (counts - 1).clamp(min=1))
-        adv = adv / (std[inv] + eps)
-    return adv.detach()
+    adv = rewards.float() - group_means(rewards, group_ids)
+    return normalize_advantages(adv, group_ids, "group" if std_norm else "none", eps)
 
 
 def group_means(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """mean_k r_k of each row's group, per row."""
-    return (rewards.float() - group_advantages(rewards, group_ids)).detach()
+    return subset_group_means(rewards, group_ids, torch.ones_like(group_ids, dtype=torch.bool))
 
 
 def sd_advantages(r1: torch.Tensor, r0: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:

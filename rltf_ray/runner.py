@@ -2,7 +2,6 @@
 the trainer once, then executes the pipeline graph as one Ray Data run per RL step."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import threading
@@ -58,7 +57,6 @@ class Pipeline:
 
     # -- resources --------------------------------------------------------------------
     def start(self) -> None:
-        import ray
         from ray import serve
 
         from rltf_ray.stages.critique import build_critic_app

@@ -104,8 +104,6 @@ def build_critic_app(task_cfg: TaskConfig, p: CritiqueParams):
     if p.critic == "openai":
         from rltf_ray.stages.judges import OpenAICritic
 
-        if not p.base_url or not p.model:
-            raise ConfigError("critique node: critic 'openai' needs base_url and model")
         return OpenAICritic.options(**opts).bind(p.base_url, p.model, p.api_key_env,
                                                  p.judge_max_tokens, p.timeout_s)
     raise ConfigError(f"critique node: unknown critic '{p.critic}'")
