@@ -1,4 +1,4 @@
-"""Chat-template construction of the three prompts RLTF uses: x0, x1=[x0,y0,c0] and f_fm."""
+"""Chat-template construction of the prompts RLTF uses: x0, x_k=[x0,y0,c0,...] and f_fm."""
 from __future__ import annotations
 
 import functools
@@ -11,10 +11,13 @@ def first_turn_messages(prompt: str) -> list[dict]:
     return [{"role": "user", "content": prompt}]
 
 
-def revision_messages(prompt: str, response: str, critique: str, template: str) -> list[dict]:
-    return [{"role": "user", "content": prompt},
-            {"role": "assistant", "content": response},
-            {"role": "user", "content": template.format(critique=critique)}]
+def revision_messages(prompt: str, exchanges: list[tuple[str, str]], template: str) -> list[dict]:
+    """x_k = [x0, y0, c0, ..., y_{k-1}, c_{k-1}] from the (attempt, critique) exchanges."""
+    msgs = [{"role": "user", "content": prompt}]
+    for response, critique in exchanges:
+        msgs += [{"role": "assistant", "content": response},
+                 {"role": "user", "content": template.format(critique=critique)}]
+    return msgs
 
 
 def fm_messages(prompt: str, response: str) -> list[dict]:

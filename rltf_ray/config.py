@@ -123,13 +123,13 @@ class RunConfig:
     # Logical CPUs for an embedded (in-process) Ray; None = max(8, os.cpu_count()).
     local_num_cpus: int | None = None
     serve_http_port: int = 8000
-    # Rollout turns: 2 = answer, critique, revision; 1 = single-turn (no critique, no revision).
+    # Rollout turns: 2 = answer, critique, revision; 1 = single-turn (no critique, no
+    # revision); K > 2 repeats critique and revision up to K-1 times while the answer is wrong.
     turns: int = 2
 
     def __post_init__(self):
-        if self.turns not in (1, 2):
-            raise ConfigError(f"run.turns: {self.turns} is not supported; use 1 or 2 "
-                              "(K > 2 critique rounds are not implemented yet)")
+        if self.turns < 1:
+            raise ConfigError(f"run.turns: must be >= 1, got {self.turns}")
         if self.steps < 1:
             raise ConfigError("run.steps: must be >= 1")
 
@@ -163,7 +163,8 @@ class Config:
     pipeline: tuple[NodeSpec, ...] = DEFAULT_PIPELINE
 
     def node(self, kind: str) -> NodeSpec:
-        found = [n for n in self.pipeline if n.kind == kind]
+        """The node of `kind` (for critique/revise/reward: the round-1 node)."""
+        found = [n for n in self.pipeline if n.kind == kind and n.params.get("round", 1) == 1]
         if len(found) != 1:
             raise ConfigError(f"pipeline: expected exactly one '{kind}' node, found {len(found)}")
         return found[0]
@@ -295,9 +296,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: typing.Sequenc
         data = _merge(preset_data, data)
     for o in overrides:
         apply_override(data, o)
-    cfg = _build(Config, data, "")
-    from rltf_ray.graph import validate  # the graph module owns node kinds and columns
+    from rltf_ray.graph import expand_rounds, validate  # the graph owns node kinds and columns
 
+    cfg = expand_rounds(_build(Config, data, ""))
     validate(cfg)
     return cfg
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,11 @@ DEFAULT_REVISION_TEMPLATE = (
     "Here is feedback on your previous answer:\n{critique}\n\n"
     "Using this feedback, solve the problem again. Give your final answer as <answer>...</answer>."
 )
+
+
+def check_round(k: int) -> None:
+    if k < 1:
+        raise ConfigError(f"round: must be >= 1, got {k}")
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,10 @@ class CritiqueParams:
     base_url: str | None = None
     model: str | None = None
     api_key_env: str | None = None
+    round: int = 1  # set by `run.turns` expansion; round k critiques the turn k-1 attempt
 
     def __post_init__(self):
+        check_round(self.round)
         critics = ("programmatic", "correctness_only", "llm_judge", "openai")
         if self.critic not in critics:
             raise ConfigError(f"critic: unknown critic {self.critic!r} (known: {', '.join(critics)})")
@@ -77,11 +85,19 @@ class ReviseParams:
     max_tokens: int = 128
     template: str = DEFAULT_REVISION_TEMPLATE
     batch_size: int = 32
+    round: int = 1
+
+    def __post_init__(self):
+        check_round(self.round)
 
 
 @dataclass(frozen=True)
 class RewardParams:
     batch_size: int = 64
+    round: int = 1
+
+    def __post_init__(self):
+        check_round(self.round)
 
 
 @dataclass(frozen=True)
@@ -111,8 +127,9 @@ KINDS: dict[str, NodeKind] = {
     "revise": NodeKind(("prompt", "response", "critique", "revised"),
                        ("revision_prompt_ids", "revision", "revision_ids", "revision_logprobs"),
                        ReviseParams, "second turn: one revision y1 from x1=[x0,y0,c0]"),
-    "reward": NodeKind(("revision", "revised", "meta", "reward_first"), ("reward_second", "correct_second", "format_second"),
-                       RewardParams, "score the revision with the task verifier"),
+    "reward": NodeKind(("revision", "revised", "meta", "reward_first"),
+                       ("reward_second", "correct_second", "format_second", "reward_failed"),
+                       RewardParams, "score the revision (task verifier, or the critic's verdict)"),
     "train": NodeKind(("prompt_id", "prompt", "prompt_ids", "response", "response_ids",
                        "reward_first", "critique", "revision_ids", "reward_second"), (),
                       TrainParams, "Ray Train + DeepSpeed learner (GRPO + SD + FM)"),
@@ -122,6 +139,69 @@ KINDS: dict[str, NodeKind] = {
 def node_params(node: NodeSpec):
     """The node's typed parameters (defaults filled in); raises ConfigError naming the node."""
     return _build(KINDS[node.kind].params, node.params, f"pipeline node '{node.name}' params")
+
+
+# -- critique rounds (`run.turns: K` = K-1 rounds of critique, revision and reward) ----------
+ROUND_KINDS = ("critique", "revise", "reward")
+FIRST_TURN_SCORE = ("reward_first", "correct_first", "format_first")
+SECOND_TURN_SCORE = ("reward_second", "correct_second", "format_second")
+
+
+def round_col(name: str, k: int) -> str:
+    """Round 1 keeps the two-turn column names; round k >= 2 appends `_k` to them."""
+    return name if k == 1 else f"{name}_{k}"
+
+
+def node_round(node: NodeSpec) -> int:
+    return int(node.params.get("round", 1)) if node.kind in ROUND_KINDS else 1
+
+
+def columns(kind: str, k: int = 1) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(reads, writes) of a node of `kind` in critique round `k`."""
+    spec = KINDS[kind]
+    if k == 1 or kind not in ROUND_KINDS:
+        return spec.reads, spec.writes
+    writes = tuple(round_col(c, k) for c in spec.writes if c not in FIRST_TURN_SCORE)
+    earlier = [c for kd in ROUND_KINDS[:ROUND_KINDS.index(kind)] for c in columns(kd, k)[1]]
+    previous = [round_col(c, k - 1) for c in ("revised", "revision", "reward_second", "correct_second")]
+    return ("prompt", "meta", *previous, *earlier), writes
+
+
+def expand_rounds(cfg: Config) -> Config:
+    """Clone the critique -> revise -> reward chain for rounds 2..turns-1, placed before the
+    nodes that consumed round 1's reward node. A graph that already declares rounds is kept."""
+    rounds = cfg.run.turns - 1
+    if rounds <= 1 or any(node_round(n) > 1 for n in cfg.pipeline):
+        return cfg
+    chain = [cfg.node(kind) for kind in ROUND_KINDS]
+    last, added = chain[-1].name, []
+    prev = last
+    for k in range(2, rounds + 1):
+        for n in chain:
+            port = next(iter(n.inputs), "rows")
+            added.append(NodeSpec(f"{n.name}_{k}", n.kind, {port: prev}, {**n.params, "round": k}))
+            prev = added[-1].name
+    nodes = []
+    for n in cfg.pipeline:
+        nodes.append(dataclasses.replace(
+            n, inputs={port: prev if src == last else src for port, src in n.inputs.items()}))
+        if n.name == last:
+            nodes.extend(added)
+    return dataclasses.replace(cfg, pipeline=tuple(nodes))
+
+
+def check_rounds(cfg: Config) -> None:
+    rounds = max(cfg.run.turns - 1, 1)
+    for kind in ROUND_KINDS:
+        found = sorted(node_round(n) for n in cfg.pipeline if n.kind == kind)
+        if found != list(range(1, rounds + 1)):
+            raise ConfigError(f"pipeline: run.turns={cfg.run.turns} needs one '{kind}' node for "
+                              f"each round 1..{rounds}, found rounds {found}")
+    crit = {n.name: {k: v for k, v in n.params.items() if k != "round"}
+            for n in cfg.pipeline if n.kind == "critique"}
+    if len({repr(sorted(v.items())) for v in crit.values()}) > 1:
+        raise ConfigError(f"pipeline: critique nodes {', '.join(crit)} must share one critic "
+                          "(same params apart from round)")
 
 
 def topo_order(nodes: tuple[NodeSpec, ...]) -> list[NodeSpec]:
@@ -167,13 +247,21 @@ def validate(cfg: Config) -> list[NodeSpec]:
         have: set[str] = set()
         for src in n.inputs.values():
             have |= produced[src]
-        for col in KINDS[n.kind].reads:
+        reads, writes = columns(n.kind, node_round(n))
+        for col in reads:
             if col not in have:
                 raise ConfigError(f"pipeline node '{n.name}': needs column '{col}' but no upstream "
                                   f"node produces it")
-        produced[n.name] = have | set(KINDS[n.kind].writes)
+        produced[n.name] = have | set(writes)
     for kind in ("source", "train"):
         cfg.node(kind)
+    check_rounds(cfg)
+    from rltf_ray.tasks import task_has_verifier
+
+    critic = node_params(cfg.node("critique")).critic
+    if not task_has_verifier(cfg.task.name) and critic not in ("llm_judge", "openai"):
+        raise ConfigError(f"task '{cfg.task.name}' has no verifier: its rewards come from the "
+                          f"critic's score, so use critic llm_judge or openai (got '{critic}')")
     for n in order:
         if n.kind != "source" and len(n.inputs) != 1:
             raise ConfigError(f"pipeline node '{n.name}': the executor runs chains; give exactly "
@@ -184,11 +272,11 @@ def validate(cfg: Config) -> list[NodeSpec]:
 def describe(cfg: Config) -> str:
     lines = []
     for n in topo_order(cfg.pipeline):
-        k = KINDS[n.kind]
+        reads, writes = columns(n.kind, node_round(n))
         src = ", ".join(f"{p}<-{s}" for p, s in n.inputs.items()) or "-"
         lines.append(f"{n.name} [{n.kind}] inputs: {src}")
-        lines.append(f"    reads:  {', '.join(k.reads) or '-'}")
-        lines.append(f"    writes: {', '.join(k.writes) or '-'}")
+        lines.append(f"    reads:  {', '.join(reads) or '-'}")
+        lines.append(f"    writes: {', '.join(writes) or '-'}")
         lines.append(f"    params: {node_params(n)}")
     return "\n".join(lines)
 
@@ -199,7 +287,7 @@ def to_dot(cfg: Config) -> str:
         out.append(f'  "{n.name}" [label="{n.name}\\n({n.kind})"];')
     for n in cfg.pipeline:
         for src in n.inputs.values():
-            cols = ", ".join(c for c in KINDS[n.kind].reads)
+            cols = ", ".join(KINDS[n.kind].reads)
             out.append(f'  "{src}" -> "{n.name}" [label="{cols}", fontsize=9];')
     out.append("}")
     return "\n".join(out) + "\n"

@@ -2,15 +2,16 @@
 share of the step loss. The formulas live in `losses`; this module decides which sequence
 each term trains on and with which advantage.
 
-Terms and their sequences:
-  rl0  (x0, y0)   advantage G0 - mean_group(G0), G0 = r0 (+ gamma * r1 if turn1_rl)
-  rl1  (x1, y1)   advantage r1 - mean over the group's revised rows (turn1_rl only)
-  sd   (x0, y1)   advantage r1 - baseline (first: mean_group r0; second: mean of r1)
-  fm   (f_fm(x0, y0), c0)   cross-entropy
+Terms and their sequences (k = 1..turns-1 over the revisions an episode produced):
+  rl0  (x0, y0)   advantage G0 - mean_group(G0); G0 = r0, or sum_k gamma^k r_k if turn1_rl
+  rl1  (x_k, y_k) advantage G_k - mean over the group's rows that reached turn k (turn1_rl)
+  sd   (x0, y_k)  advantage r_k - baseline (first: mean_group r0; second: mean of r_k)
+  fm   (f_fm(x0, y_{k-1}), c_{k-1})   cross-entropy
   sft  (x0, y_final) for correct final answers, cross-entropy
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +19,7 @@ import torch
 from rltf_ray import losses
 from rltf_ray.chat import encode, fm_messages
 from rltf_ray.config import Config
+from rltf_ray.rounds import revisions
 
 TERMS = ("rl0", "rl1", "sd", "fm", "sft")
 
@@ -39,46 +41,66 @@ class Example:
         return len(self.ids) - self.start
 
 
-def _t(rows, key) -> torch.Tensor:
-    return torch.tensor([float(r[key]) for r in rows])
+def _centred(values: torch.Tensor, gid: torch.Tensor, include: torch.Tensor, mode: str) -> torch.Tensor:
+    """Advantages of the included rows: centred on their group's included rows, normalised
+    among them; 0 for the others."""
+    out = torch.zeros_like(values)
+    if include.any():
+        v, g = values[include], gid[include]
+        out[include] = losses.normalize_advantages(
+            v - losses.subset_group_means(v, g, torch.ones_like(g, dtype=torch.bool)), g, mode)
+    return out
 
 
 def build_examples(rows: list[dict], cfg: Config, tokenizer) -> tuple[list[Example], dict]:
     L = cfg.loss
+    rounds = max(cfg.run.turns - 1, 1)
+    # A row the critic could not score (no verifier) has a NaN reward: it trains nothing.
+    scored = [r for r in rows if math.isfinite(float(r["reward_first"]))]
+    unscored, rows = len(rows) - len(scored), scored
     groups = {pid: i for i, pid in enumerate(dict.fromkeys(r["prompt_id"] for r in rows))}
-    gid = torch.tensor([groups[r["prompt_id"]] for r in rows])
-    r0, r1 = _t(rows, "reward_first"), _t(rows, "reward_second")
-    revised = torch.tensor([bool(r.get("revised", True)) and len(r["revision_ids"]) > 0 for r in rows])
-    g0 = r0 + L.gamma * r1 * revised if L.turn1_rl else r0
-    a0 = losses.normalize_advantages(g0 - losses.group_means(g0, gid), gid, L.adv_norm)
-    a1 = losses.normalize_advantages(r1 - losses.subset_group_means(r1, gid, revised), gid, L.adv_norm)
-    base = (losses.group_means(r0, gid) if L.sd_baseline == "first"
-            else losses.subset_group_means(r1, gid, revised))
-    a_sd = (r1 - base).detach()
+    gid = torch.tensor([groups[r["prompt_id"]] for r in rows], dtype=torch.long)
+    revs = [revisions(r, rounds) for r in rows]
+    # Turn k's reward and whether the episode reached it; unreached turns add 0 to returns.
+    R = torch.zeros(len(rows), rounds + 1)
+    taken = torch.zeros(len(rows), rounds + 1, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        R[i, 0], taken[i, 0] = float(r["reward_first"]), True
+        for v in revs[i]:
+            R[i, v.k], taken[i, v.k] = v.reward, True
+    G = losses.discounted_returns(R, L.gamma)
+    a0 = _centred(G[:, 0] if L.turn1_rl else R[:, 0], gid, taken[:, 0], L.adv_norm)
+    a_rl = {k: _centred(G[:, k], gid, taken[:, k], L.adv_norm) for k in range(1, rounds + 1)}
+    first_base = losses.subset_group_means(R[:, 0], gid, taken[:, 0])
+    a_sd = {k: R[:, k] - (first_base if L.sd_baseline == "first"
+                          else losses.subset_group_means(R[:, k], gid, taken[:, k]))
+            for k in range(1, rounds + 1)}
     out: list[Example] = []
     for i, r in enumerate(rows):
-        x0, y0, y1 = list(r["prompt_ids"]), list(r["response_ids"]), list(r["revision_ids"])
+        x0, y0 = list(r["prompt_ids"]), list(r["response_ids"])
         out.append(Example(x0 + y0, len(x0), "rl0", float(a0[i])))
-        if revised[i] and L.turn1_rl:
-            x1 = list(r["revision_prompt_ids"])
-            out.append(Example(x1 + y1, len(x1), "rl1", float(a1[i])))
-        if revised[i] and L.lambda_sd > 0:
-            out.append(Example(x0 + y1, len(x0), "sd", float(a_sd[i]),
-                               x1_ids=list(r.get("revision_prompt_ids") or [])))
-        if L.lambda_fm > 0 and revised[i] and r["critique"]:
-            fm = encode(tokenizer, fm_messages(r["prompt"], r["response"]))
-            c = tokenizer(r["critique"], add_special_tokens=False)["input_ids"]
-            out.append(Example(fm + list(c) + [tokenizer.eos_token_id], len(fm), "fm"))
-        if L.lambda_sft > 0:
-            final = y1 if revised[i] else y0
-            if r.get("correct_second", False):
-                out.append(Example(x0 + final, len(x0), "sft"))
-    sd_rows = [i for i in range(len(rows)) if revised[i]]
-    stats = {"adv_abs_mean_rl0": float(a0.abs().mean()),
-             "adv_abs_mean_rl1": float(a1[revised].abs().mean()) if revised.any() else 0.0,
-             "adv_abs_mean_sd": float(a_sd[sd_rows].abs().mean()) if sd_rows else 0.0,
-             "zero_adv_group_fraction": _zero_adv_fraction(a0, gid)}
+        for v in revs[i]:
+            if L.turn1_rl:
+                out.append(Example(v.prompt_ids + v.ids, len(v.prompt_ids), "rl1", float(a_rl[v.k][i])))
+            if L.lambda_sd > 0:
+                out.append(Example(x0 + v.ids, len(x0), "sd", float(a_sd[v.k][i]), x1_ids=v.prompt_ids))
+            if L.lambda_fm > 0 and v.critique:
+                fm = encode(tokenizer, fm_messages(r["prompt"], v.judged))
+                c = tokenizer(v.critique, add_special_tokens=False)["input_ids"]
+                out.append(Example(fm + list(c) + [tokenizer.eos_token_id], len(fm), "fm"))
+        if L.lambda_sft > 0 and (revs[i][-1].correct if revs[i] else r.get("correct_first", False)):
+            out.append(Example(x0 + (revs[i][-1].ids if revs[i] else y0), len(x0), "sft"))
+    later = [(k, i) for k in range(1, rounds + 1) for i in range(len(rows)) if taken[i, k]]
+    stats = {"adv_abs_mean_rl0": float(a0.abs().mean()) if rows else 0.0,
+             "adv_abs_mean_rl1": _abs_mean([a_rl[k][i] for k, i in later]),
+             "adv_abs_mean_sd": _abs_mean([a_sd[k][i] for k, i in later]),
+             "zero_adv_group_fraction": _zero_adv_fraction(a0, gid),
+             "unscored_rows": unscored}
     return out, stats
+
+
+def _abs_mean(xs: list[torch.Tensor]) -> float:
+    return float(torch.stack(xs).abs().mean()) if xs else 0.0
 
 
 def _zero_adv_fraction(adv: torch.Tensor, gid: torch.Tensor) -> float:

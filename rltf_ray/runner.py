@@ -15,7 +15,7 @@ import yaml
 
 from rltf_ray import metrics as M
 from rltf_ray.config import Config
-from rltf_ray.graph import node_params, validate
+from rltf_ray.graph import node_params, node_round, validate
 from rltf_ray.models import resolve_dtype, resolve_model
 from rltf_ray.sources import PromptSource
 from rltf_ray.tasks import get_task
@@ -133,6 +133,7 @@ class Pipeline:
         from rltf_ray.stages.rollout import make_generate, make_revise
 
         rows = self.source.rows_for_step(step)
+        critic = node_params(self.cfg.node("critique"))
         ds = ray.data.from_items(rows)
         for node in self.order:
             p = node_params(node)
@@ -141,10 +142,11 @@ class Pipeline:
                   "critique": lambda: make_critique(self.cfg.task, p, self.cfg.run.turns),
                   "revise": lambda: make_revise(self.engines, self.model_path, p, node.name,
                                               self.cfg.engine.max_model_len),
-                  "reward": lambda: make_reward(self.cfg.task)}.get(node.kind)
+                  "reward": lambda: make_reward(self.cfg.task, p, critic)}.get(node.kind)
             if fn is None:
                 continue
-            ds = ds.map_batches(arrow_stage(node.kind, node.name, fn()), batch_size=p.batch_size,
+            ds = ds.map_batches(arrow_stage(node.kind, node.name, fn(), node_round(node)),
+                                batch_size=p.batch_size,
                                 batch_format="pyarrow", num_cpus=0.1)
         table = pa.concat_tables(ray.get(list(ds.to_arrow_refs())))
         expected = len(rows) * node_params(self.cfg.node("generate")).n
@@ -165,8 +167,14 @@ class Pipeline:
                                    f"{self.fit_error!r}") from self.fit_error
 
     def evaluate(self) -> dict:
+        from rltf_ray.stages.critique import score_texts
+
+        def score(rows: list[dict], texts: list[str]) -> list[tuple]:
+            got = score_texts(self.task, self.critic_params, rows, texts, list(range(len(rows))))
+            return [got[i][0] for i in range(len(rows))]
+
         return M.evaluate(self.engines, self.model_path, self.task, self.cfg.task.eval_prompts,
-                          node_params(self.cfg.node("generate")).max_tokens)
+                          node_params(self.cfg.node("generate")).max_tokens, score)
 
     def train(self) -> dict:
         """Evaluate, run every RL step, evaluate again; the resources must be started."""
@@ -175,8 +183,9 @@ class Pipeline:
         summary: dict = {}
         if self.cfg.run.eval_before_after:
             summary["before"] = self.evaluate()
-            _log(f"before training: first-turn accuracy {summary['before']['accuracy']:.3f} "
-                 f"on {summary['before']['n']} held-out prompts (greedy, no feedback)")
+            b = summary["before"]
+            _log(f"before training: first-turn accuracy {b['accuracy']:.3f}, mean reward "
+                 f"{b['reward_mean']:.3f} on {b['n']} held-out prompts (greedy, no feedback)")
         mpath = self.out / "metrics.jsonl"
         mpath.write_text("")
         for step in range(self.cfg.run.steps):
@@ -186,7 +195,7 @@ class Pipeline:
             pq.write_table(table, self.out / "rollouts" / f"step_{step}.parquet")
             ray.get(self.broker.put_step.remote(step, [ray.put(table.to_pylist())]))
             train = self.wait_result(step)
-            row = {**M.rollout_metrics(table), **train, "seconds_rollout": t_roll,
+            row = {**M.rollout_metrics(table, self.cfg.run.turns), **train, "seconds_rollout": t_roll,
                    "seconds_step": time.perf_counter() - t0}
             with mpath.open("a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -196,8 +205,9 @@ class Pipeline:
             raise RuntimeError(f"the trainer failed at the end of the run: {self.fit_error!r}")
         if self.cfg.run.eval_before_after:
             summary["after"] = self.evaluate()
-            _log(f"after training: first-turn accuracy {summary['after']['accuracy']:.3f} "
-                 f"(before {summary['before']['accuracy']:.3f})")
+            a, b = summary["after"], summary["before"]
+            _log(f"after training: first-turn accuracy {a['accuracy']:.3f} (before "
+                 f"{b['accuracy']:.3f}), mean reward {a['reward_mean']:.3f} (before {b['reward_mean']:.3f})")
         summary["engine_versions"] = ray.get([e.ready.remote() for e in self.engines])
         summary["output_dir"] = str(self.out)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))

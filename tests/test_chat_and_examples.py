@@ -12,7 +12,7 @@ from rltf_ray.objectives import Example, build_examples, micro_loss, pad, step_n
 
 def test_revision_prompt_has_x0_y0_c0_in_turn_order(tiny_tokenizer):
     tok = tiny_tokenizer
-    ids = encode(tok, revision_messages("What is 2 + 3?", "<answer>6</answer>", "too high",
+    ids = encode(tok, revision_messages("What is 2 + 3?", [("<answer>6</answer>", "too high")],
                                         DEFAULT_REVISION_TEMPLATE))
     text = tok.decode(ids)
     expected = ("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"

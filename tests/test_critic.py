@@ -8,7 +8,7 @@ import requests
 from ray import serve
 
 from rltf_ray.config import TaskConfig
-from rltf_ray.graph import CritiqueParams
+from rltf_ray.graph import CritiqueParams, RewardParams
 from rltf_ray.stages.critique import build_critic_app, make_critique, make_reward
 
 pytestmark = pytest.mark.integration
@@ -69,5 +69,26 @@ def test_timeouts_mark_rows_keep_rewards_and_lose_nothing(serve_up):
     assert all("Timeout" in r["critique_error"] or "timed out" in r["critique_error"].lower()
                for r in out[1:])
     assert [r["reward_first"] for r in out] == [1.0, 0.0, 0.0]  # the verifier's reward is kept
-    scored = make_reward(TASK)([dict(r, revision="") for r in out])
+    scored = make_reward(TASK, RewardParams(), p)([dict(r, revision="") for r in out])
     assert [r["reward_second"] for r in scored] == [1.0, 0.0, 0.0]  # no revision for failed rows
+
+
+def test_second_round_critiques_only_wrong_revisions_and_carries_scores(serve_up):
+    """turns=3: round 2 judges y1; episodes that ended in round 1 keep their last score."""
+    p = deploy("crit_rounds")
+    one = make_critique(TASK, p, turns=3)(rows([42, 41, 41, 41]))
+    assert [r["revised"] for r in one] == [False, True, True, True]
+    revised = [dict(r, revision=f"<answer>{y}</answer>") for r, y in zip(one, ["", 42, 43, 30])]
+    scored = make_reward(TASK, RewardParams(), p)(revised)
+    assert [r["correct_second"] for r in scored] == [True, True, False, False]
+    p2 = CritiqueParams(app_name="crit_rounds", round=2)
+    two = make_critique(TASK, p2, turns=3)(scored)
+    before = serve.get_app_handle("crit_rounds").stats.remote().result()["requests"]
+    assert before == 3 + 2  # round 1 asked about 3 rows, round 2 only about the 2 wrong revisions
+    assert [r["revised_2"] for r in two] == [False, False, True, True]
+    assert "too high" in two[2]["critique_2"] and "too low" in two[3]["critique_2"]
+    final = make_reward(TASK, RewardParams(round=2), p2)(
+        [dict(r, revision_2=f"<answer>{y}</answer>") for r, y in zip(two, ["", "", 42, 41])])
+    assert [r["correct_second_2"] for r in final] == [True, True, True, False]
+    assert [r["reward_second_2"] for r in final] == [1.0, 1.0, 1.0, 0.0]
+    assert not any(r["reward_failed_2"] for r in final)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rltf_ray import losses as L
-from rltf_ray.config import Config, ConfigError, LossConfig, load_config
+from rltf_ray.config import Config, ConfigError, LossConfig, RunConfig, load_config
 from rltf_ray.objectives import Example, build_examples, micro_loss, sequence_logprobs, step_normalisers
 
 
@@ -136,3 +136,56 @@ def test_micro_loss_is_and_plain_sd_share_gradients_on_the_real_model(tiny_path,
             assert sums["is_w_max"] == pytest.approx(1.0, abs=1e-5)
     for weight in ("is", "clip", "cispo"):
         assert torch.allclose(grads[weight], grads["none"], atol=1e-6), weight
+
+
+def three_turn_rows():
+    """A: wrong, wrong, right (two revisions). B: wrong, right (the episode ends at turn 1)."""
+    base = dict(prompt_id="p", prompt="q", prompt_ids=[1, 2], response="y0", reward_first=0.0,
+                revised=True, revision_prompt_ids=[1, 2, 3, 9], critique="c0")
+    a = dict(base, response_ids=[3], revision="y1-a", revision_ids=[4], reward_second=0.0,
+             correct_second=False, revised_2=True, revision_prompt_ids_2=[1, 2, 3, 9, 4, 9],
+             revision_ids_2=[5, 6], reward_second_2=1.0, correct_second_2=True, critique_2="c1")
+    b = dict(base, response_ids=[7], revision="y1-b", revision_ids=[8], reward_second=1.0,
+             correct_second=True, revised_2=False, revision_prompt_ids_2=[], revision_ids_2=[],
+             reward_second_2=1.0, correct_second_2=True, critique_2="")
+    return [a, b]
+
+
+def test_three_turn_returns_sd_and_fm_examples(tiny_tokenizer):
+    c = Config(loss=LossConfig(turn1_rl=True, gamma=0.5, lambda_sd=0.1, lambda_fm=0.1, lambda_sft=0.1),
+               run=RunConfig(turns=3))
+    ex, stats = build_examples(three_turn_rows(), c, tiny_tokenizer)
+    by = lambda term: [(e.ids, e.adv) for e in ex if e.term == term]  # noqa: E731
+    # R_A = [0, 0, 1], R_B = [0, 1, -]; G0 = [0.25, 0.5] centred on 0.375
+    assert by("rl0") == [([1, 2, 3], -0.125), ([1, 2, 7], 0.125)]
+    # turn 1: G1 = [0 + 0.5*1, 1] centred on 0.75; turn 2: only A reached it, so A is its own baseline
+    assert by("rl1") == [([1, 2, 3, 9, 4], -0.25), ([1, 2, 3, 9, 4, 9, 5, 6], 0.0), ([1, 2, 3, 9, 8], 0.25)]
+    # SD trains (x0, y_k) for every revision with the first-turn baseline mean r0 = 0
+    assert by("sd") == [([1, 2, 4], 0.0), ([1, 2, 5, 6], 1.0), ([1, 2, 8], 1.0)]
+    sd_x = [e.x1_ids for e in ex if e.term == "sd"]
+    assert sd_x == [[1, 2, 3, 9], [1, 2, 3, 9, 4, 9], [1, 2, 3, 9]]
+    fm = [e for e in ex if e.term == "fm"]
+    assert len(fm) == 3  # c0 of A, c1 of A (given y1), c0 of B
+    from rltf_ray.chat import encode, fm_messages
+
+    assert fm[1].ids[:fm[1].start] == encode(tiny_tokenizer, fm_messages("q", "y1-a"))
+    assert [e.ids for e in ex if e.term == "sft"] == [[1, 2, 5, 6], [1, 2, 8]]  # final answers
+    assert stats["adv_abs_mean_sd"] == pytest.approx(2 / 3)
+
+
+def test_two_turn_config_ignores_later_rounds_and_nan_rewards_train_nothing(tiny_tokenizer):
+    data = three_turn_rows() + [dict(three_turn_rows()[0], prompt_id="q", reward_first=float("nan"))]
+    ex, stats = build_examples(data, Config(loss=LossConfig(turn1_rl=True, gamma=0.5)), tiny_tokenizer)
+    assert [e.ids for e in ex if e.term == "rl1"] == [[1, 2, 3, 9, 4], [1, 2, 3, 9, 8]]
+    assert stats["unscored_rows"] == 1 and len([e for e in ex if e.term == "rl0"]) == 2
+
+
+def test_turns_expand_the_graph_into_critique_rounds():
+    c = load_config("pipelines/configs/tiny.yaml", ["run.turns=4"])
+    names = [n.name for n in c.pipeline]
+    assert names == ["prompts", "first_turn", "critic", "revision", "score", "critic_2", "revision_2",
+                     "score_2", "critic_3", "revision_3", "score_3", "learner"]
+    assert c.pipeline[-1].inputs == {"rollouts": "score_3"} and c.pipeline[5].inputs == {"answers": "score"}
+    assert load_config("pipelines/configs/tiny.yaml", ["run.turns=2"]).pipeline[-1].inputs == {"rollouts": "score"}
+    with pytest.raises(ConfigError, match="run.turns"):
+        load_config(None, ["run.turns=0"])

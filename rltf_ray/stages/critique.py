@@ -7,12 +7,15 @@ row, retries failures with backoff, and marks rows whose critique still failed a
 from __future__ import annotations
 
 import json
+import math
 import time
 
 from ray import serve
 
 from rltf_ray.config import TaskConfig, _build
-from rltf_ray.graph import CritiqueParams
+from rltf_ray.graph import (FIRST_TURN_SCORE, SECOND_TURN_SCORE, CritiqueParams, RewardParams,
+                            round_col)
+from rltf_ray.rounds import attempt, attempt_text
 from rltf_ray.tasks import get_task
 
 
@@ -135,47 +138,86 @@ def request_critiques(handle, items: list[dict], p: CritiqueParams) -> tuple[lis
     return results, errors
 
 
+def _ask_critic(p: CritiqueParams, rows: list[dict], texts: list[str], which: list[int]):
+    """{row index: (result or None, error)} for the rows in `which`."""
+    if not which:
+        return {}
+    items = [{"prompt": rows[i]["prompt"], "response": texts[i], "meta": rows[i]["meta"]} for i in which]
+    results, errors = request_critiques(serve.get_app_handle(p.app_name), items, p)
+    return {i: (res, err) for i, res, err in zip(which, results, errors)}
+
+
+def score_texts(task, p: CritiqueParams, rows: list[dict], texts: list[str], which: list[int]) -> dict:
+    """{row index: ((reward, correct, format_ok), critic result or None, error)} for `which`:
+    the task verifier's score, or -- for a task without one -- the critic's verdict, with a
+    NaN reward where the critic failed after its retries."""
+    if task.has_verifier:
+        out = {}
+        for i in which:
+            s = task.score(texts[i], _meta(rows[i]["meta"]))
+            out[i] = ((s.reward, s.correct, s.format_ok), None, "")
+        return out
+    return {i: ((math.nan, False, False) if res is None
+                else (float(res["reward"]), bool(res["correct"]), bool(res.get("format_ok", True))),
+                res, err)
+            for i, (res, err) in _ask_critic(p, rows, texts, which).items()}
+
+
 def make_critique(task_cfg: TaskConfig, p: CritiqueParams, turns: int = 2):
+    """Round k: critique c_{k-1} of the attempt y_{k-1} (and, in round 1, its reward r0).
+
+    Tasks without a verifier take r0 from the critic's verdict, so round 1 asks about every
+    row; a row the critic then fails on gets a NaN reward and is left out of training."""
+    k = p.round
+
     def critique(rows: list[dict]) -> list[dict]:
         task = get_task(task_cfg)
-        scores = [task.score(r["response"], _meta(r["meta"])) for r in rows]
-        ask = [] if turns == 1 else [i for i, s in enumerate(scores)
-                                     if not (p.early_termination and s.correct)]
-        results, errors = [], []
-        if ask:
-            handle = serve.get_app_handle(p.app_name)
-            results, errors = request_critiques(
-                handle, [{"prompt": rows[i]["prompt"], "response": rows[i]["response"],
-                          "meta": rows[i]["meta"]} for i in ask], p)
-        by_row = {i: (res, err) for i, res, err in zip(ask, results, errors)}
+        texts = [attempt_text(r, k) for r in rows]
+        by_row: dict = {}
+        if k == 1:
+            scored = score_texts(task, p, rows, texts, list(range(len(rows))))
+            rows = [{**r, **dict(zip(FIRST_TURN_SCORE, scored[i][0]))} for i, r in enumerate(rows)]
+            if not task.has_verifier:  # the critic already judged every attempt
+                by_row = {i: (res, err) for i, (_, res, err) in scored.items()}
+        tries = [attempt(r, k) for r in rows]
+        want = [] if turns == 1 else [i for i, a in enumerate(tries) if a.live and math.isfinite(a.reward)
+                                      and not (p.early_termination and a.correct)]
+        by_row = by_row or _ask_critic(p, rows, texts, want)
         out = []
-        for i, (r, s) in enumerate(zip(rows, scores)):
+        for i, (r, a) in enumerate(zip(rows, tries)):
             res, err = by_row.get(i, (None, ""))
             asked = i in by_row
-            out.append({**r, "reward_first": s.reward, "correct_first": s.correct,
-                        "format_first": s.format_ok,
-                        "critique": res["critique"] if res else "",
-                        "critique_failed": asked and res is None, "critique_error": err,
+            out.append({**r, round_col("critique", k): res["critique"] if res else "",
+                        round_col("critique_failed", k): asked and res is None,
+                        round_col("critique_error", k): err,
                         # The verifier wins over the critic's own verdict; disagreements are counted.
-                        "critic_disagrees": bool(res) and bool(res["correct"]) != s.correct,
-                        "revised": asked and res is not None})
+                        round_col("critic_disagrees", k): (task.has_verifier and bool(res)
+                                                           and bool(res["correct"]) != a.correct),
+                        round_col("revised", k): i in want and res is not None})
         return out
 
     return critique
 
 
-def make_reward(task_cfg: TaskConfig):
+def make_reward(task_cfg: TaskConfig, p: RewardParams, critic: CritiqueParams):
+    """Round k: r_k of the revision y_k, from the verifier or (no verifier) the critic's
+    verdict. Rows not revised this round carry their last attempt's score forward."""
+    k = p.round
+
     def reward(rows: list[dict]) -> list[dict]:
         task = get_task(task_cfg)
+        todo = [i for i, r in enumerate(rows) if r[round_col("revised", k)]]
+        texts = [r[round_col("revision", k)] for r in rows]
+        scored = score_texts(task, critic, rows, texts, todo)
         out = []
-        for r in rows:
-            if r["revised"]:
-                s = task.score(r["revision"], _meta(r["meta"]))
-                out.append({**r, "reward_second": s.reward, "correct_second": s.correct,
-                            "format_second": s.format_ok})
-            else:  # the episode ended at turn 0 (correct, or the critic failed)
-                out.append({**r, "reward_second": r["reward_first"],
-                            "correct_second": r["correct_first"], "format_second": r["format_first"]})
+        for i, r in enumerate(rows):
+            if i in scored:
+                score, failed = scored[i][0], not math.isfinite(scored[i][0][0])
+            else:  # the episode ended earlier (correct, or the critic failed)
+                a = attempt(r, k)
+                score, failed = (a.reward, a.correct, a.format_ok), False
+            out.append({**r, **{round_col(c, k): v for c, v in zip(SECOND_TURN_SCORE, score)},
+                        round_col("reward_failed", k): failed})
         return out
 
     return reward

@@ -1,4 +1,4 @@
-"""First turn (generate) and second turn (revise): Ray Data batch functions that send
+"""First turn (generate) and revisions (revise, once per critique round): Ray Data batch functions that send
 token-id prompts to the persistent engine actors."""
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import zlib
 import ray
 
 from rltf_ray.chat import encode, first_turn_messages, load_tokenizer, revision_messages
-from rltf_ray.graph import GenerateParams, ReviseParams
+from rltf_ray.graph import GenerateParams, ReviseParams, round_col
+from rltf_ray.rounds import dialogue
 from rltf_ray.stages import StageError
 
 
@@ -54,11 +55,17 @@ def make_generate(engines: list, model_path: str, p: GenerateParams, node: str,
 
 
 def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_model_len: int):
+    """Round k: one revision y_k from x_k = [x0, y0, c0, ..., y_{k-1}, c_{k-1}]."""
+    k = p.round
+
+    def col(name: str) -> str:
+        return round_col(name, k)
+
     def revise(rows: list[dict]) -> list[dict]:
         tok = load_tokenizer(model_path)
-        todo = [i for i, r in enumerate(rows) if r["revised"]]
-        prompts = [encode(tok, revision_messages(rows[i]["prompt"], rows[i]["response"],
-                                                 rows[i]["critique"], p.template)) for i in todo]
+        todo = [i for i, r in enumerate(rows) if r[col("revised")]]
+        prompts = [encode(tok, revision_messages(rows[i]["prompt"], dialogue(rows[i], k), p.template))
+                   for i in todo]
         check_lengths([rows[i] for i in todo], prompts, p.max_tokens, max_model_len, node)
         res = {"outputs": [], "version": -1, "seconds": 0.0}
         if todo:
@@ -69,10 +76,10 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
         out = []
         for i, r in enumerate(rows):
             ids, g = done.get(i, ([], None))
-            out.append({**r, "revision_prompt_ids": ids, "revision": g.text if g else "",
-                        "revision_ids": g.token_ids if g else [],
-                        "revision_logprobs": g.logprobs if g else [],
-                        "revision_version": res["version"] if g else -1,
+            out.append({**r, col("revision_prompt_ids"): ids, col("revision"): g.text if g else "",
+                        col("revision_ids"): g.token_ids if g else [],
+                        col("revision_logprobs"): g.logprobs if g else [],
+                        col("revision_version"): res["version"] if g else -1,
                         "gen_tokens": r["gen_tokens"] + (len(g.token_ids) if g else 0),
                         "gen_seconds": r["gen_seconds"] + res["seconds"] / max(len(rows), 1)})
         return out

@@ -29,6 +29,9 @@ class Task(ABC):
 
     name = "task"
     answer_format = "<answer>...</answer>"
+    # False: `score` cannot judge an answer; rewards come from the critic's verdict
+    # (llm_judge or openai), in the critique stage (r0) and the reward stage (revisions).
+    has_verifier = True
 
     def __init__(self, cfg: TaskConfig):
         self.cfg = cfg
@@ -96,6 +99,12 @@ def register_task(name: str):
 
 def task_names() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def task_has_verifier(name: str) -> bool:
+    """Without building the task (config validation); unknown names count as verified."""
+    cls = _REGISTRY.get(name)
+    return True if cls is None else cls.has_verifier
 
 
 def get_task(cfg: TaskConfig) -> Task:
