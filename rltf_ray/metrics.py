@@ -1,7 +1,6 @@
 """Step metrics from rollout tables, the per-step progress line, and held-out evaluation."""
 from __future__ import annotations
 
-import json
 import math
 
 import pyarrow as pa

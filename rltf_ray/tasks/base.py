@@ -9,6 +9,7 @@ import json
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator
 
 from rltf_ray.config import ConfigError, TaskConfig
@@ -84,6 +85,56 @@ class Task(ABC):
             return (f"Your answer could not be read. Put only your final answer inside "
                     f"{self.answer_format}.")
         return "Your answer is correct." if self.check(answer, meta) else "Your answer is incorrect."
+
+
+class FileTask(Task):
+    """A task whose problems are rows of a JSONL file (`params.path`, else `builtin`); the
+    last `holdout` rows are the test split. Subclasses turn a row into `meta` in `parse_row`
+    and list their other params in `extra_params` (popped in `configure`)."""
+
+    builtin: Path
+    default_holdout = 10
+    extra_params: tuple[str, ...] = ()
+
+    def __init__(self, cfg: TaskConfig):
+        super().__init__(cfg)
+        params = dict(cfg.params)
+        path = Path(params.pop("path", self.builtin))
+        self.holdout = int(params.pop("holdout", self.default_holdout))
+        self.configure({k: params.pop(k) for k in self.extra_params if k in params})
+        if params:
+            known = ", ".join(("path", "holdout") + self.extra_params)
+            raise ConfigError(f"task.params: unknown key '{sorted(params)[0]}' for {self.name} (known: {known})")
+        if not path.is_file():
+            raise ConfigError(f"task.params.path: file not found: {path}")
+        self.problems = []
+        for n, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            meta = self.parse_row(row) if isinstance(row, dict) else None
+            if meta is None:
+                raise ConfigError(f"{path}:{n}: {self.row_schema}")
+            self.problems.append(meta)
+        if len(self.problems) <= self.holdout:
+            raise ConfigError(f"{path}: {len(self.problems)} rows, need more than holdout={self.holdout}")
+
+    row_schema = "a JSON object"
+
+    def configure(self, params: dict) -> None:
+        pass
+
+    @abstractmethod
+    def parse_row(self, row: dict) -> dict | None:
+        """The problem's meta, or None if the row does not fit `row_schema`."""
+
+    def make_problem(self, index: int, split: str) -> dict:
+        train = len(self.problems) - self.holdout
+        i = index % train if split == "train" else train + index % self.holdout
+        return dict(self.problems[i])
 
 
 _REGISTRY: dict[str, Callable[[TaskConfig], Task]] = {}

@@ -2,11 +2,10 @@
 math-verify checking. Without `params.path`, the project's own 50-problem set is used."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rltf_ray.config import ConfigError
-from rltf_ray.tasks.base import LAST_NUMBER, Task, register_task
+from rltf_ray.tasks.base import LAST_NUMBER, FileTask, register_task
 
 BUILTIN = Path(__file__).parent / "data" / "math_small.jsonl"
 
@@ -25,40 +24,23 @@ def last_boxed(text: str) -> str | None:
 
 
 @register_task("math")
-class MathTask(Task):
+class MathTask(FileTask):
     answer_format = "\\boxed{...}"
+
+    builtin = BUILTIN
+    row_schema = "need 'problem' (string) and 'answer'"
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        params = dict(cfg.params)
-        path = Path(params.pop("path", BUILTIN))
-        self.holdout = int(params.pop("holdout", 10))
-        if params:
-            raise ConfigError(f"task.params: unknown key '{sorted(params)[0]}' for math (known: path, holdout)")
-        if not path.is_file():
-            raise ConfigError(f"task.params.path: file not found: {path}")
-        self.problems = []
-        for n, line in enumerate(path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("problem"), str) or "answer" not in row:
-                raise ConfigError(f"{path}:{n}: need 'problem' (string) and 'answer'")
-            self.problems.append({"question": row["problem"], "answer": str(row["answer"])})
-        if len(self.problems) <= self.holdout:
-            raise ConfigError(f"{path}: {len(self.problems)} problems, need more than holdout={self.holdout}")
         try:
             import math_verify  # noqa: F401
         except ImportError as e:
             raise ConfigError("math-verify is not installed; run `make install`") from e
 
-    def make_problem(self, index: int, split: str) -> dict:
-        train = len(self.problems) - self.holdout
-        i = index % train if split == "train" else train + index % self.holdout
-        return dict(self.problems[i])
+    def parse_row(self, row: dict) -> dict | None:
+        if not isinstance(row.get("problem"), str) or "answer" not in row:
+            return None
+        return {"question": row["problem"], "answer": str(row["answer"])}
 
     def prompt_text(self, meta: dict) -> str:
         return meta["question"] + "\n\nReason step by step and put your final answer in \\boxed{}."

@@ -7,11 +7,10 @@ project's own 30 prompts are used (JSONL rows: `prompt`, `rubric`).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rltf_ray.config import ConfigError
-from rltf_ray.tasks.base import ANSWER_TAG, Task, register_task
+from rltf_ray.tasks.base import ANSWER_TAG, FileTask, register_task
 
 BUILTIN = Path(__file__).parent / "data" / "writing_prompts.jsonl"
 
@@ -21,42 +20,27 @@ class NoVerifierError(RuntimeError):
 
 
 @register_task("writing")
-class WritingTask(Task):
+class WritingTask(FileTask):
     has_verifier = False
     answer_format = "<answer>...</answer>"
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        params = dict(cfg.params)
-        path = Path(params.pop("path", BUILTIN))
-        self.holdout = int(params.pop("holdout", 5))
-        self.pass_score = int(params.pop("pass_score", 8))
-        if params:
-            raise ConfigError(f"task.params: unknown key '{sorted(params)[0]}' for writing "
-                              "(known: path, holdout, pass_score)")
+    builtin = BUILTIN
+    default_holdout = 5
+    extra_params = ("pass_score",)
+    row_schema = "need non-empty strings 'prompt' and 'rubric'"
+
+    def configure(self, params: dict) -> None:
+        self.pass_score = int(params.get("pass_score", 8))
         if not 1 <= self.pass_score <= 10:
             raise ConfigError(f"task.params.pass_score: must be 1..10, got {self.pass_score}")
-        if not path.is_file():
-            raise ConfigError(f"task.params.path: file not found: {path}")
-        self.prompts = []
-        for n, line in enumerate(path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict) or not all(isinstance(row.get(k), str) and row[k].strip()
-                                                    for k in ("prompt", "rubric")):
-                raise ConfigError(f"{path}:{n}: need non-empty strings 'prompt' and 'rubric'")
-            self.prompts.append({"question": row["prompt"], "rubric": row["rubric"]})
-        if len(self.prompts) <= self.holdout:
-            raise ConfigError(f"{path}: {len(self.prompts)} prompts, need more than holdout={self.holdout}")
+
+    def parse_row(self, row: dict) -> dict | None:
+        if not all(isinstance(row.get(k), str) and row[k].strip() for k in ("prompt", "rubric")):
+            return None
+        return {"question": row["prompt"], "rubric": row["rubric"]}
 
     def make_problem(self, index: int, split: str) -> dict:
-        train = len(self.prompts) - self.holdout
-        i = index % train if split == "train" else train + index % self.holdout
-        return {**self.prompts[i], "pass_score": self.pass_score}
+        return {**super().make_problem(index, split), "pass_score": self.pass_score}
 
     def prompt_text(self, meta: dict) -> str:
         return meta["question"] + "\n\nPut your finished piece inside <answer>...</answer>."
