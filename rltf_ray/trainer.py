@@ -102,6 +102,44 @@ def reduce_metrics(sums: dict[str, float], cfg: Config, lambda_sd: float) -> dic
     return m
 
 
+def learn_step(engine, ref_model, rows: list[dict], cfg: Config, tokenizer, pad_id: int, step: int,
+               rank: int, world: int) -> dict:
+    """One optimizer step on one RL step's rollout rows (a collective on every rank): build
+    the examples, shard them, accumulate micro-batch gradients, step; returns the metrics."""
+    import torch
+    import torch.distributed as dist
+
+    examples, stats = build_examples(rows, cfg, tokenizer)
+    norms = step_normalisers(examples, cfg)
+    # zero-advantage RL/SD sequences add nothing but still count in the normalisers
+    trained = [e for e in examples if e.term in ("fm", "sft") or e.adv != 0.0]
+    mine = shard_examples(trained, rank, world)
+    fill_side_logprobs(mine, engine, ref_model, cfg, pad_id)
+    mb = cfg.trainer.micro_batch_size
+    # gloo (CPU) and NCCL (GPU) both reduce tensors on the worker's own device
+    dev = next(engine.module.parameters()).device
+    n_micro = torch.tensor([math.ceil(len(mine) / mb)], device=dev)
+    dist.all_reduce(n_micro, op=dist.ReduceOp.MAX)  # every rank must run the same collectives
+    n_micro = max(int(n_micro), 1)
+    lambda_sd = cfg.loss.lambda_sd_at(step)
+    sums: dict[str, float] = {}
+    for i in range(n_micro):
+        batch = mine[i * mb:(i + 1) * mb]
+        engine.set_gradient_accumulation_boundary(i == n_micro - 1)
+        if batch:
+            loss, parts = micro_loss(engine, batch, norms, cfg, pad_id, lambda_sd)
+            for k, v in parts.items():
+                sums[k] = max(sums.get(k, 0.0), v) if k == "is_w_max" else sums.get(k, 0.0) + v
+        else:  # keeps this rank in step with the others' gradient reductions
+            dummy = torch.tensor([[pad_id, pad_id]], device=dev)
+            loss = engine(input_ids=dummy).logits.sum() * 0.0
+        # DeepSpeed averages gradients over ranks; scale back to a sum of shares.
+        engine.backward(loss * world, scale_wrt_gas=False)
+    engine.step()
+    return {**reduce_metrics(sums, cfg, lambda_sd), **stats,
+            **{f"examples_{t}": sum(e.term == t for e in examples) for t in TERMS}}
+
+
 def deepspeed_config(cfg: Config) -> dict:
     t = cfg.trainer
     return {
@@ -135,7 +173,6 @@ def train_loop(config: dict) -> None:
     """Runs on every Ray Train worker for the whole run."""
     import deepspeed
     import torch
-    import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
     from rltf_ray.chat import load_tokenizer
@@ -165,38 +202,11 @@ def train_loop(config: dict) -> None:
     if cfg.loss.kl_coef > 0:  # only then is the frozen reference loaded at all
         ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         ref_model.to(next(engine.module.parameters()).device)
-    mb = cfg.trainer.micro_batch_size
     for step in range(cfg.run.steps):
         got = ray.get(broker.get_step.remote(step))
         rows = ray.get(got[0])
         t0 = time.perf_counter()
-        examples, stats = build_examples(rows, cfg, tokenizer)
-        norms = step_normalisers(examples, cfg)
-        # zero-advantage RL/SD sequences add nothing but still count in the normalisers
-        trained = [e for e in examples if e.term in ("fm", "sft") or e.adv != 0.0]
-        mine = shard_examples(trained, rank, world)
-        fill_side_logprobs(mine, engine, ref_model, cfg, pad_id)
-        # gloo (CPU) and NCCL (GPU) both reduce tensors on the worker's own device
-        dev = next(engine.module.parameters()).device
-        n_micro = torch.tensor([math.ceil(len(mine) / mb)], device=dev)
-        dist.all_reduce(n_micro, op=dist.ReduceOp.MAX)  # every rank must run the same collectives
-        n_micro = max(int(n_micro), 1)
-        lambda_sd = cfg.loss.lambda_sd_at(step)
-        sums: dict[str, float] = {}
-        for i in range(n_micro):
-            batch = mine[i * mb:(i + 1) * mb]
-            engine.set_gradient_accumulation_boundary(i == n_micro - 1)
-            if batch:
-                loss, parts = micro_loss(engine, batch, norms, cfg, pad_id, lambda_sd)
-                for k, v in parts.items():
-                    sums[k] = max(sums.get(k, 0.0), v) if k == "is_w_max" else sums.get(k, 0.0) + v
-            else:  # keeps this rank in step with the others' gradient reductions
-                dummy = torch.tensor([[pad_id, pad_id]], device=next(engine.module.parameters()).device)
-                loss = engine(input_ids=dummy).logits.sum() * 0.0
-            # DeepSpeed averages gradients over ranks; scale back to a sum of shares.
-            engine.backward(loss * world, scale_wrt_gas=False)
-        engine.step()
-        metrics = reduce_metrics(sums, cfg, lambda_sd)
+        metrics = learn_step(engine, ref_model, rows, cfg, tokenizer, pad_id, step, rank, world)
         seconds_train = time.perf_counter() - t0
         version = step + 1
         t1 = time.perf_counter()
@@ -212,8 +222,7 @@ def train_loop(config: dict) -> None:
             tokenizer.save_pretrained(path)
         del state
         metrics.update({"step": step, "policy_version": version, "seconds_train": seconds_train,
-                        "seconds_sync": seconds_sync, **stats,
-                        **{f"examples_{t}": sum(e.term == t for e in examples) for t in TERMS}})
+                        "seconds_sync": seconds_sync})
         ray.train.report(metrics)
         if rank == 0:
             ray.get(broker.put_result.remote(step, metrics))

@@ -119,7 +119,7 @@ def request_critiques(handle, items: list[dict], p: CritiqueParams) -> tuple[lis
     results: list = [None] * len(items)
     errors = [""] * len(items)
     pending = list(range(len(items)))
-    for attempt in range(p.retries + 1):
+    for try_no in range(p.retries + 1):
         responses = {i: handle.judge.remote(items[i]) for i in pending}
         deadline = time.monotonic() + p.timeout_s
         failed = []
@@ -133,8 +133,8 @@ def request_critiques(handle, items: list[dict], p: CritiqueParams) -> tuple[lis
         pending = failed
         if not pending:
             break
-        if attempt < p.retries:
-            time.sleep(p.backoff_s * 2 ** attempt)
+        if try_no < p.retries:
+            time.sleep(p.backoff_s * 2 ** try_no)
     return results, errors
 
 
