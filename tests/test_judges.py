@@ -3,6 +3,7 @@ deployment (handle, HTTP, batching), and the OpenAI-compatible critic against vL
 OpenAI server started on 127.0.0.1."""
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -87,7 +88,7 @@ def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path):
     import ray
     from ray import serve
 
-    from rltf_ray.stages.critique import build_critic_app, request_critiques
+    from rltf_ray.stages.critique import build_critic_app, make_critique, request_critiques
 
     port = 8151
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="2")
@@ -111,12 +112,32 @@ def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path):
         ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"RLTF_TEST_JUDGE_KEY": "sk-local-test"}})
         p = CritiqueParams(critic="openai", base_url=f"http://127.0.0.1:{port}/v1", model="tiny-judge",
                            api_key_env="RLTF_TEST_JUDGE_KEY", judge_max_tokens=12, app_name="oai")
+        serve.start(http_options={"host": "127.0.0.1", "port": 8152})
         serve.run(build_critic_app(TaskConfig(), p), name="oai", route_prefix="/oai")
         items = [{"prompt": "What is 1 + 2?", "response": "<answer>4</answer>", "meta": {"answer": 3}}] * 3
         results, errors = request_critiques(serve.get_app_handle("oai"), items, p)
         assert all(r is not None for r in results), errors
         assert all(isinstance(r["critique"], str) and len(r["critique"]) > 0 for r in results)
         assert "sk-local-test" not in json.dumps(results)
+        r = requests.post("http://127.0.0.1:8152/oai", json=items[0], timeout=60)  # over HTTP too
+        assert r.status_code == 200 and r.json()["critique"] and "sk-local-test" not in r.text
+        # An endpoint that accepts connections but never answers: every row times out, is
+        # retried, then marked critique_failed with the error -- never dropped.
+        silent = socket.socket()
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        slow = CritiqueParams(critic="openai", base_url=f"http://127.0.0.1:{silent.getsockname()[1]}/v1",
+                              model="m", app_name="oai_silent", timeout_s=1.0, retries=1, backoff_s=0.01,
+                              early_termination=False)
+        serve.run(build_critic_app(TaskConfig(), slow), name="oai_silent", route_prefix="/oai_silent")
+        meta = json.dumps({"a": 1, "b": 2, "op": "+", "answer": 3})
+        rows = [{"prompt_id": "p", "prompt": "What is 1 + 2?", "meta": meta, "response": f"<answer>{k}</answer>"}
+                for k in (3, 4)]
+        out = make_critique(TaskConfig(), slow)(rows)
+        assert [r["critique_failed"] for r in out] == [True, True] and [r["revised"] for r in out] == [False, False]
+        assert all("Timeout" in r["critique_error"] or "timed out" in r["critique_error"].lower() for r in out)
+        assert [r["reward_first"] for r in out] == [1.0, 0.0]  # the verifier's rewards are kept
+        silent.close()
         serve.shutdown()
     finally:
         ray.shutdown()
