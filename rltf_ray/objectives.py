@@ -47,8 +47,7 @@ def _centred(values: torch.Tensor, gid: torch.Tensor, include: torch.Tensor, mod
     out = torch.zeros_like(values)
     if include.any():
         v, g = values[include], gid[include]
-        out[include] = losses.normalize_advantages(
-            v - losses.subset_group_means(v, g, torch.ones_like(g, dtype=torch.bool)), g, mode)
+        out[include] = losses.normalize_advantages(v - losses.group_means(v, g), g, mode)
     return out
 
 
@@ -71,7 +70,7 @@ def build_examples(rows: list[dict], cfg: Config, tokenizer) -> tuple[list[Examp
     G = losses.discounted_returns(R, L.gamma)
     a0 = _centred(G[:, 0] if L.turn1_rl else R[:, 0], gid, taken[:, 0], L.adv_norm)
     a_rl = {k: _centred(G[:, k], gid, taken[:, k], L.adv_norm) for k in range(1, rounds + 1)}
-    first_base = losses.subset_group_means(R[:, 0], gid, taken[:, 0])
+    first_base = losses.group_means(R[:, 0], gid)
     a_sd = {k: R[:, k] - (first_base if L.sd_baseline == "first"
                           else losses.subset_group_means(R[:, k], gid, taken[:, k]))
             for k in range(1, rounds + 1)}
