@@ -133,6 +133,11 @@ class RunConfig:
         if self.steps < 1:
             raise ConfigError("run.steps: must be >= 1")
 
+    @property
+    def rounds(self) -> int:
+        """Critique rounds the graph holds (a single-turn run keeps one, which asks nothing)."""
+        return max(self.turns - 1, 1)
+
 
 @dataclass(frozen=True)
 class NodeSpec:

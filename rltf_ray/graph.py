@@ -3,9 +3,9 @@ their typed parameters, validation before anything starts, and drawing.
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,7 +191,7 @@ def expand_rounds(cfg: Config) -> Config:
 
 
 def check_rounds(cfg: Config) -> None:
-    rounds = max(cfg.run.turns - 1, 1)
+    rounds = cfg.run.rounds
     for kind in ROUND_KINDS:
         found = sorted(node_round(n) for n in cfg.pipeline if n.kind == kind)
         if found != list(range(1, rounds + 1)):

@@ -6,6 +6,7 @@ import math
 import pyarrow as pa
 import ray
 
+from rltf_ray.config import RunConfig
 from rltf_ray.graph import round_col
 
 
@@ -15,9 +16,9 @@ def _mean(xs) -> float:
     return float(sum(xs) / len(xs)) if xs else 0.0
 
 
-def rollout_metrics(table: pa.Table, turns: int = 2) -> dict:
+def rollout_metrics(table: pa.Table, run: RunConfig = RunConfig()) -> dict:
     c = {name: table.column(name).to_pylist() for name in table.column_names}
-    rounds = max(turns - 1, 1)
+    rounds = run.rounds
     revised = [i for i, r in enumerate(c["revised"]) if r]
     tokens, seconds = sum(c["gen_tokens"]), sum(c["gen_seconds"])
     acc1 = _mean(c["correct_first"])
@@ -50,7 +51,7 @@ def rollout_metrics(table: pa.Table, turns: int = 2) -> dict:
     for k in range(2, rounds + 1):  # turn k = after critique round k
         out[f"turn_{k}_accuracy"] = _mean(c[round_col("correct_second", k)])
         out[f"revised_rows_{k}"] = int(sum(c[round_col("revised", k)]))
-    out["final_accuracy"] = _mean(c[round_col("correct_second", rounds)]) if turns > 1 else acc1
+    out["final_accuracy"] = _mean(c[round_col("correct_second", rounds)]) if run.turns > 1 else acc1
     return out
 
 

@@ -53,7 +53,7 @@ def _centred(values: torch.Tensor, gid: torch.Tensor, include: torch.Tensor, mod
 
 def build_examples(rows: list[dict], cfg: Config, tokenizer) -> tuple[list[Example], dict]:
     L = cfg.loss
-    rounds = max(cfg.run.turns - 1, 1)
+    rounds = cfg.run.rounds
     # A row the critic could not score (no verifier) has a NaN reward: it trains nothing.
     scored = [r for r in rows if math.isfinite(float(r["reward_first"]))]
     unscored, rows = len(rows) - len(scored), scored

@@ -7,6 +7,7 @@ termination) or whose critique failed is not taken, and neither is any later rou
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rltf_ray.graph import round_col
@@ -18,7 +19,7 @@ class Attempt:
     reward: float
     correct: bool
     format_ok: bool
-    live: bool  # the episode reached this attempt
+    live: bool  # the episode reached this attempt and it has a score (NaN: the judge failed)
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,15 @@ def attempt_text(row: dict, k: int) -> str:
 def attempt(row: dict, k: int) -> Attempt:
     """The attempt that critique round `k` judges, with its score."""
     if k == 1:
-        return Attempt(row["response"], row["reward_first"], row["correct_first"],
-                       row["format_first"], True)
-    j = k - 1
-    return Attempt(attempt_text(row, k), row[round_col("reward_second", j)],
-                   row[round_col("correct_second", j)], row[round_col("format_second", j)],
-                   bool(row[round_col("revised", j)]))
+        reward, correct, fmt, reached = row["reward_first"], row["correct_first"], row["format_first"], True
+    else:
+        j = k - 1
+        reward = row[round_col("reward_second", j)]
+        correct = row[round_col("correct_second", j)]
+        fmt = row[round_col("format_second", j)]
+        reached = row[round_col("revised", j)]
+    return Attempt(attempt_text(row, k), reward, correct, fmt,
+                   bool(reached) and math.isfinite(reward))
 
 
 def dialogue(row: dict, k: int) -> list[tuple[str, str]]:
@@ -66,7 +70,3 @@ def revisions(row: dict, rounds: int) -> list[Revision]:
                             row[round_col("critique", k)], attempt_text(row, k)))
     return out
 
-
-def final_column(name: str, turns: int) -> str:
-    """The column holding the episode's final value of `correct_second`/`reward_second`."""
-    return round_col(name, max(turns - 1, 1))

@@ -133,7 +133,7 @@ class Pipeline:
         from rltf_ray.stages.rollout import make_generate, make_revise
 
         rows = self.source.rows_for_step(step)
-        critic = node_params(self.cfg.node("critique"))
+        critic = self.critic_params  # every round calls the same critic app
         ds = ray.data.from_items(rows)
         for node in self.order:
             p = node_params(node)
@@ -195,7 +195,7 @@ class Pipeline:
             pq.write_table(table, self.out / "rollouts" / f"step_{step}.parquet")
             ray.get(self.broker.put_step.remote(step, [ray.put(table.to_pylist())]))
             train = self.wait_result(step)
-            row = {**M.rollout_metrics(table, self.cfg.run.turns), **train, "seconds_rollout": t_roll,
+            row = {**M.rollout_metrics(table, self.cfg.run), **train, "seconds_rollout": t_roll,
                    "seconds_step": time.perf_counter() - t0}
             with mpath.open("a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -180,8 +180,8 @@ def make_critique(task_cfg: TaskConfig, p: CritiqueParams, turns: int = 2):
             if not task.has_verifier:  # the critic already judged every attempt
                 by_row = {i: (res, err) for i, (_, res, err) in scored.items()}
         tries = [attempt(r, k) for r in rows]
-        want = [] if turns == 1 else [i for i, a in enumerate(tries) if a.live and math.isfinite(a.reward)
-                                      and not (p.early_termination and a.correct)]
+        want = [] if turns == 1 else [i for i, a in enumerate(tries)
+                                      if a.live and not (p.early_termination and a.correct)]
         by_row = by_row or _ask_critic(p, rows, texts, want)
         out = []
         for i, (r, a) in enumerate(zip(rows, tries)):

@@ -1,5 +1,5 @@
-"""First turn (generate) and revisions (revise, once per critique round): Ray Data batch functions that send
-token-id prompts to the persistent engine actors."""
+"""First turn (generate) and revisions (revise, once per critique round): Ray Data batch
+functions that send token-id prompts to the persistent engine actors."""
 from __future__ import annotations
 
 import zlib

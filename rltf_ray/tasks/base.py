@@ -104,7 +104,8 @@ class FileTask(Task):
         self.configure({k: params.pop(k) for k in self.extra_params if k in params})
         if params:
             known = ", ".join(("path", "holdout") + self.extra_params)
-            raise ConfigError(f"task.params: unknown key '{sorted(params)[0]}' for {self.name} (known: {known})")
+            raise ConfigError(f"task.params: unknown key '{sorted(params)[0]}' for {self.name} "
+                              f"(known: {known})")
         if not path.is_file():
             raise ConfigError(f"task.params.path: file not found: {path}")
         self.problems = []
