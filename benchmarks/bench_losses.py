@@ -22,8 +22,8 @@ def bench(name, fn, B=64, T=256, V=8192, reps=5):
     times = []
     for _ in range(reps):
         t = time.perf_counter()
-        logp = L.token_logprobs(logits, ids)
-        fn(logp, adv, mask).backward()
+        logp = L.token_logprobs(logits, ids, 0.7)
+        L.token_sum(fn(logp, adv, mask), mask, float(mask.sum())).backward()
         times.append(time.perf_counter() - t)
         logits.grad = None
     times.sort()
@@ -32,13 +32,13 @@ def bench(name, fn, B=64, T=256, V=8192, reps=5):
 
 def main() -> int:
     torch.manual_seed(0)
-    print("| loss | batch x tokens x vocab | median ms (fwd+bwd incl. log-softmax) |")
+    print("| loss | batch x tokens x vocab | median ms (fwd+bwd incl. log-softmax at T=0.7) |")
     print("| --- | --- | --- |")
-    bench("grpo (ppo clip)", lambda lp, a, m: L.grpo_loss(lp, lp.detach(), a, m))
-    bench("sd (tau=-5)", lambda lp, a, m: L.sd_loss(lp, a, m, -5.0))
-    bench("sd_clip (sequence)", lambda lp, a, m: L.masked_mean(
-        L.sd_clip_token_loss(lp, lp.detach() - 0.01, a, m, "sequence"), m))
-    bench("fm (cross-entropy)", lambda lp, a, m: L.fm_loss(lp, m))
+    bench("rl (importance sampling vs sampler)", lambda lp, a, m: L.policy_token_loss(lp, lp.detach() - 0.01, a))
+    bench("rl (ppo clip vs sampler)", lambda lp, a, m: L.policy_token_loss(lp, lp.detach() - 0.01, a, "ppo_clip"))
+    bench("sd (tau=-5)", lambda lp, a, m: L.sd_token_loss(lp, a) * L.sd_keep_mask(lp, -5.0))
+    bench("sd_clip (sequence)", lambda lp, a, m: L.sd_token_loss(lp, a, "clip", lp.detach() - 0.01, m))
+    bench("fm (cross-entropy)", lambda lp, a, m: -lp)
     return 0
 
 

@@ -26,12 +26,14 @@ def run(device: str, weight: str, kl: float):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(os.environ["RLTF_TINY"], dtype=torch.float32).to(device)
     ex = [Example([1, 7, 8, 9, 10], 2, "sd", 0.6, x1_ids=[1, 7, 30, 31]),
-          Example([1, 7, 11, 12], 2, "rl0", -0.3), Example([1, 5, 6, 7, 8], 3, "fm")]
+          Example([1, 7, 11, 12], 2, "rl0", -0.3, 0.7, behav_logp=[-6.0, -6.1]),
+          Example([1, 5, 6, 7, 8], 3, "fm")]
     sd = [e for e in ex if e.term == "sd"]
-    for e, lp in zip(sd, sequence_logprobs(model, [(e.x1_ids + e.ids[e.start:], len(e.x1_ids)) for e in sd], 0, 4)):
+    for e, lp in zip(sd, sequence_logprobs(model, [(e.x1_ids + e.ids[e.start:], len(e.x1_ids)) for e in sd],
+                                              [1.0] * len(sd), 0, 4)):
         e.logp_x1 = lp
     if kl:
-        for e, lp in zip(ex[1:2], sequence_logprobs(model, [(ex[1].ids, ex[1].start)], 0, 4)):
+        for e, lp in zip(ex[1:2], sequence_logprobs(model, [(ex[1].ids, ex[1].start)], [0.7], 0, 4)):
             e.ref_logp = [v - 0.1 for v in lp]
     cfg = Config(loss=LossConfig(sd_weight=weight, kl_coef=kl, turn1_rl=True))
     loss, sums = micro_loss(model, ex, step_normalisers(ex, cfg), cfg, 0)

@@ -38,6 +38,9 @@ def rows() -> list[dict]:
             wrong = s == 0
             out.append(dict(prompt_id=f"p{p}", prompt=f"question {p}", prompt_ids=a + [11],
                             response=f"attempt {p}{s}", response_ids=b + [12 + s],
+                            response_logprobs=[-1.0] * (len(b) + 1),
+                            revision_logprobs=[-1.0, -1.0] if wrong else [],
+                            revision_logprobs_2=[-1.0, -1.0] if wrong else [],
                             reward_first=0.0 if wrong else 1.0, revised=wrong, critique="wrong: try again",
                             revision=f"revision {p}", revision_prompt_ids=a + [11, 20, 21],
                             revision_ids=[22, 23 + p] if wrong else [], reward_second=0.0 if wrong else 1.0,

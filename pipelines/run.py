@@ -59,8 +59,10 @@ def main(argv=None) -> int:
     summary = run(cfg)
     b, a = summary.get("before"), summary.get("after")
     if b and a:
-        print(f"\nheld-out first-turn accuracy (greedy, {b['n']} prompts, no feedback): "
-              f"before {b['accuracy']:.3f} -> after {a['accuracy']:.3f}")
+        se = lambda p: (p * (1 - p) / max(b["n"], 1)) ** 0.5  # noqa: E731
+        print(f"\nheld-out first-turn accuracy (greedy, {b['n']} distinct problems, no feedback): "
+              f"before {b['accuracy']:.3f} ± {se(b['accuracy']):.3f} -> after {a['accuracy']:.3f} "
+              f"± {se(a['accuracy']):.3f} (± one standard error)")
     print(f"outputs: {summary['output_dir']}")
     return 0
 

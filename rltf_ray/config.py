@@ -53,17 +53,26 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """L = L_rl0 + L_rl1 + lambda_sd*L_sd + lambda_fm*L_fm + lambda_sft*L_sft + kl_coef*KL.
+    """L = L_rl0 + L_rl1 + lambda_sd*L_sd + lambda_fm*L_fm + lambda_sft*L_sft (+ kl_coef*KL).
 
-    The defaults are the base RLTF loss (GRPO on turn 0, SD and FM at 0.1); the presets in
-    pipelines/configs/presets/ select the paper's objectives by setting these fields."""
+    The defaults are RLTF-SD as in the paper's reference recipe (the `rltf_sd` preset); the
+    presets in pipelines/configs/presets/ select the other objectives. docs/objectives.md
+    gives every formula and says where an option departs from the reference."""
 
     # Multi-turn RL: also train turn 1 on (x1, y1); turn 0 then gets G0 = r0 + gamma * r1.
-    turn1_rl: bool = False
+    turn1_rl: bool = True
     gamma: float = 0.1
+    # The RL surrogate, with the ratio against the sampler's log-probs:
+    # importance_sampling (-rho*A, the reference) | ppo_clip (-min(rho*A, clip(rho)*A)).
+    policy_loss: str = "importance_sampling"
     clip_eps: float = 0.2
+    # Truncated importance sampling: weight min(pi_theta/pi_sampler, tis_cap); None = off.
+    tis_cap: float | None = None
     adv_norm: str = "none"  # none | group | batch
-    aggregation: str = "token_mean"  # token_mean | seq_mean_token_sum | constant (Dr.GRPO)
+    # shared_token_mean: every term summed over the step and divided by ONE count (the RL
+    # tokens), so lambda_sd = 0.1 means an SD token weighs 0.1 of an RL token (the reference).
+    # token_mean | seq_mean_token_sum | constant: each term over its own count (per term).
+    aggregation: str = "shared_token_mean"
     aggregation_constant: float = 512.0
     lambda_sd: float = 0.1
     sd_warmup_steps: int = 0  # linear 0 -> lambda_sd over this many steps
@@ -73,14 +82,15 @@ class LossConfig:
     sd_clip_low: float = 0.8
     sd_clip_high: float = 1.2
     # Mask SD tokens whose log pi(y1_t | x0, ...) is below tau; None disables the mask.
-    sd_mask_tau: float | None = None
-    lambda_fm: float = 0.1
+    sd_mask_tau: float | None = -5.0
+    lambda_fm: float = 0.0
     lambda_sft: float = 0.0
     kl_coef: float = 0.0
 
     def __post_init__(self):
         choices = {"adv_norm": ("none", "group", "batch"),
-                   "aggregation": ("token_mean", "seq_mean_token_sum", "constant"),
+                   "policy_loss": ("importance_sampling", "ppo_clip"),
+                   "aggregation": ("shared_token_mean", "token_mean", "seq_mean_token_sum", "constant"),
                    "sd_baseline": ("first", "second"),
                    "sd_weight": ("none", "is", "clip", "cispo"),
                    "sd_weight_level": ("sequence", "token")}
@@ -91,6 +101,8 @@ class LossConfig:
         for key in ("lambda_sd", "lambda_fm", "lambda_sft", "kl_coef", "gamma", "clip_eps"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"loss.{key}: must be >= 0")
+        if self.tis_cap is not None and self.tis_cap <= 0:
+            raise ConfigError(f"loss.tis_cap: must be > 0 (or null for off), got {self.tis_cap}")
 
     def lambda_sd_at(self, step: int) -> float:
         if self.sd_warmup_steps <= 0:

@@ -65,10 +65,15 @@ class CritiqueParams:
     base_url: str | None = None
     model: str | None = None
     api_key_env: str | None = None
+    # A step whose critique requests fail (after retries) above this fraction stops the run
+    # with the critic's error: RLTF without critiques would silently be plain GRPO.
+    max_failed_fraction: float = 0.2
     round: int = 1  # set by `run.turns` expansion; round k critiques the turn k-1 attempt
 
     def __post_init__(self):
         check_round(self.round)
+        if not 0.0 <= self.max_failed_fraction <= 1.0:
+            raise ConfigError(f"max_failed_fraction: must be in [0, 1], got {self.max_failed_fraction}")
         critics = ("programmatic", "correctness_only", "llm_judge", "openai")
         if self.critic not in critics:
             raise ConfigError(f"critic: unknown critic {self.critic!r} (known: {', '.join(critics)})")

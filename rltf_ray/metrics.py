@@ -67,14 +67,15 @@ def step_line(m: dict, total: int) -> str:
 
 
 def evaluate(engines: list, model_path: str, task, n: int, max_tokens: int, score) -> dict:
-    """Greedy first-turn accuracy on the task's held-out split, with no feedback.
+    """Greedy first-turn accuracy on distinct problems of the task's held-out split, with no
+    feedback (`n` in the result is the distinct count, at most the split's size).
 
     `score(rows, texts)` gives (reward, correct, format_ok) per text: the verifier, or the
     critic for a task without one (then "accuracy" is the pass rate at its pass score)."""
     from rltf_ray.chat import encode, first_turn_messages, load_tokenizer
 
     tok = load_tokenizer(model_path)
-    rows = list(task.rows("test", 0, n))
+    rows = task.held_out(n)
     prompts = [encode(tok, first_turn_messages(r["prompt"])) for r in rows]
     shards = [prompts[i::len(engines)] for i in range(len(engines))]
     outs = ray.get([e.generate.remote(s, n=1, temperature=0.0, top_p=1.0, max_tokens=max_tokens)
@@ -84,7 +85,7 @@ def evaluate(engines: list, model_path: str, task, n: int, max_tokens: int, scor
         for j, group in enumerate(res["outputs"]):
             texts[k + j * len(engines)] = group[0].text
     scores = score(rows, texts)
-    return {"n": len(rows), "accuracy": _mean(s[1] for s in scores),
+    return {"n": len(rows), "requested": n, "accuracy": _mean(s[1] for s in scores),
             "reward_mean": _mean(s[0] for s in scores), "format_rate": _mean(s[2] for s in scores),
             "unscored": sum(not math.isfinite(s[0]) for s in scores),
             "version": int(outs[0]["version"]), "samples": texts[:3]}

@@ -1,13 +1,18 @@
 """From a step's rollout rows to token examples, and from a micro-batch of examples to its
 share of the step loss. The formulas live in `losses`; this module decides which sequence
-each term trains on and with which advantage.
+each term trains on, with which advantage, at which temperature and against which
+behaviour log-probs.
 
 Terms and their sequences (k = 1..turns-1 over the revisions an episode produced):
   rl0  (x0, y0)   advantage G0 - mean_group(G0); G0 = r0, or sum_k gamma^k r_k if turn1_rl
   rl1  (x_k, y_k) advantage G_k - mean over the group's rows that reached turn k (turn1_rl)
   sd   (x0, y_k)  advantage r_k - baseline (first: mean_group r0; second: mean of r_k)
   fm   (f_fm(x0, y_{k-1}), c_{k-1})   cross-entropy
-  sft  (x0, y_final) for correct final answers, cross-entropy
+  sft  (x0, y_final) for episodes whose revised final answer is correct, cross-entropy
+
+Temperatures: rl0 and sd are scored at the first turn's sampling temperature (sd trains the
+policy pi(.|x0) that samples first turns), rl1 at the revision's, fm and sft at 1. The
+behaviour log-probs of rl0/rl1 are the sampler's own (vLLM, same temperature).
 """
 from __future__ import annotations
 
@@ -19,9 +24,11 @@ import torch
 from rltf_ray import losses
 from rltf_ray.chat import encode, fm_messages
 from rltf_ray.config import Config
+from rltf_ray.graph import node_params
 from rltf_ray.rounds import revisions
 
 TERMS = ("rl0", "rl1", "sd", "fm", "sft")
+RL_TERMS = ("rl0", "rl1")
 
 
 @dataclass
@@ -30,11 +37,15 @@ class Example:
     start: int  # index of the first trained token in `ids`
     term: str
     adv: float = 1.0
-    # Per trained token: log pi(y1_t | x1, ...) for SD importance weights, and the frozen
-    # reference's log-probs for the KL penalty. Filled by the trainer's no-grad pre-pass.
+    temperature: float = 1.0
+    # Sampler log-probs of the trained tokens (rl0/rl1): the behaviour policy.
+    behav_logp: list[float] | None = None
+    # Filled by the trainer's no-grad pre-pass: log pi(y_k | x_k) at the revision
+    # temperature for SD importance weights, and the frozen reference's log-probs for KL.
     logp_x1: list[float] | None = None
     ref_logp: list[float] | None = None
-    x1_ids: list[int] = field(default_factory=list)  # the x1 prompt, for SD weights
+    x1_ids: list[int] = field(default_factory=list)  # the x_k prompt, for SD weights
+    x1_temperature: float = 1.0
 
     @property
     def n_tokens(self) -> int:
@@ -51,11 +62,28 @@ def _centred(values: torch.Tensor, gid: torch.Tensor, include: torch.Tensor, mod
     return out
 
 
+def _behaviour(row: dict, column: str, n_tokens: int) -> list[float]:
+    lps = row.get(column)
+    if lps is None or len(lps) != n_tokens:
+        got = "missing" if lps is None else f"{len(lps)} values for {n_tokens} tokens"
+        raise ValueError(f"rollout row {row.get('prompt_id')!r}: sampler log-probs '{column}' "
+                         f"{got}; the RL terms need the sampler's log-prob of every token")
+    return [float(x) for x in lps]
+
+
+def is_scored(row: dict, rounds: int) -> bool:
+    """Every turn the episode reached has a finite reward (a judge that failed gives NaN)."""
+    return math.isfinite(float(row["reward_first"])) and all(
+        math.isfinite(v.reward) for v in revisions(row, rounds))
+
+
 def build_examples(rows: list[dict], cfg: Config, tokenizer) -> tuple[list[Example], dict]:
     L = cfg.loss
     rounds = cfg.run.rounds
-    # A row the critic could not score (no verifier) has a NaN reward: it trains nothing.
-    scored = [r for r in rows if math.isfinite(float(r["reward_first"]))]
+    t_gen = node_params(cfg.node("generate")).temperature
+    t_rev = node_params(cfg.node("revise")).temperature
+    # A row with an unscored turn trains nothing and joins no group statistic.
+    scored = [r for r in rows if is_scored(r, rounds)]
     unscored, rows = len(rows) - len(scored), scored
     groups = {pid: i for i, pid in enumerate(dict.fromkeys(r["prompt_id"] for r in rows))}
     gid = torch.tensor([groups[r["prompt_id"]] for r in rows], dtype=torch.long)
@@ -77,18 +105,22 @@ def build_examples(rows: list[dict], cfg: Config, tokenizer) -> tuple[list[Examp
     out: list[Example] = []
     for i, r in enumerate(rows):
         x0, y0 = list(r["prompt_ids"]), list(r["response_ids"])
-        out.append(Example(x0 + y0, len(x0), "rl0", float(a0[i])))
+        out.append(Example(x0 + y0, len(x0), "rl0", float(a0[i]), t_gen,
+                           _behaviour(r, "response_logprobs", len(y0))))
         for v in revs[i]:
             if L.turn1_rl:
-                out.append(Example(v.prompt_ids + v.ids, len(v.prompt_ids), "rl1", float(a_rl[v.k][i])))
+                out.append(Example(v.prompt_ids + v.ids, len(v.prompt_ids), "rl1", float(a_rl[v.k][i]),
+                                   t_rev, _behaviour(r, v.logprobs_column, len(v.ids))))
             if L.lambda_sd > 0:
-                out.append(Example(x0 + v.ids, len(x0), "sd", float(a_sd[v.k][i]), x1_ids=v.prompt_ids))
+                out.append(Example(x0 + v.ids, len(x0), "sd", float(a_sd[v.k][i]), t_gen,
+                                   x1_ids=v.prompt_ids, x1_temperature=t_rev))
             if L.lambda_fm > 0 and v.critique:
                 fm = encode(tokenizer, fm_messages(r["prompt"], v.judged))
                 c = tokenizer(v.critique, add_special_tokens=False)["input_ids"]
                 out.append(Example(fm + list(c) + [tokenizer.eos_token_id], len(fm), "fm"))
-        if L.lambda_sft > 0 and (revs[i][-1].correct if revs[i] else r.get("correct_first", False)):
-            out.append(Example(x0 + (revs[i][-1].ids if revs[i] else y0), len(x0), "sft"))
+        # The reference distils only correct *revised* answers: a one-turn episode gives none.
+        if L.lambda_sft > 0 and revs[i] and revs[i][-1].correct:
+            out.append(Example(x0 + revs[i][-1].ids, len(x0), "sft"))
     later = [(k, i) for k in range(1, rounds + 1) for i in range(len(rows)) if taken[i, k]]
     stats = {"adv_abs_mean_rl0": float(a0.abs().mean()) if rows else 0.0,
              "adv_abs_mean_rl1": _abs_mean([a_rl[k][i] for k, i in later]),
@@ -111,98 +143,155 @@ def _zero_adv_fraction(adv: torch.Tensor, gid: torch.Tensor) -> float:
 
 
 def step_normalisers(examples: list[Example], cfg: Config) -> dict[str, float]:
-    """Each term's step-global denominator (all workers, all micro-batches)."""
-    out = {}
-    for term in TERMS:
-        ex = [e for e in examples if e.term == term]
-        tokens, seqs = float(sum(e.n_tokens for e in ex)), float(len(ex))
-        out[term] = {"token_mean": tokens, "seq_mean_token_sum": seqs,
-                     "constant": seqs * cfg.loss.aggregation_constant}[cfg.loss.aggregation]
-    return out
+    """Each term's step-global denominator (all workers, all micro-batches).
+
+    shared_token_mean gives every term the same one -- the step's RL tokens -- so that the
+    lambdas are exact per-token weights relative to an RL token; the others give each term
+    its own (tokens, sequences, or sequences x a constant)."""
+    tokens = {t: float(sum(e.n_tokens for e in examples if e.term == t)) for t in TERMS}
+    seqs = {t: float(sum(e.term == t for e in examples)) for t in TERMS}
+    mode = cfg.loss.aggregation
+    if mode == "shared_token_mean":
+        shared = sum(tokens[t] for t in RL_TERMS) or sum(tokens.values())
+        return {t: shared for t in TERMS}
+    if mode == "token_mean":
+        return tokens
+    if mode == "seq_mean_token_sum":
+        return seqs
+    return {t: seqs[t] * cfg.loss.aggregation_constant for t in TERMS}
 
 
 def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def pad(batch: list[Example], pad_id: int, device: torch.device | str = "cpu"):
-    """Right-padded ids, attention mask, the trained-token mask and advantages on `device`."""
-    width = max(len(e.ids) for e in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(batch), width), dtype=torch.long)
-    mask = torch.zeros((len(batch), width - 1))
-    for i, e in enumerate(batch):
+@dataclass
+class Batch:
+    """A micro-batch as padded tensors; per-token tensors are aligned with `mask`."""
+    ids: torch.Tensor
+    attn: torch.Tensor
+    mask: torch.Tensor  # [B, T-1], 1 on trained tokens
+    adv: torch.Tensor
+    temperature: torch.Tensor
+    term: torch.Tensor  # [B, 1] index into TERMS
+    behav_logp: torch.Tensor
+    logp_x1: torch.Tensor
+    ref_logp: torch.Tensor
+
+
+def _aligned(examples: list[Example], attr: str, like: torch.Tensor) -> torch.Tensor:
+    """Per-token side values (stored for trained tokens only) placed on the mask positions."""
+    out = torch.zeros_like(like)
+    for i, e in enumerate(examples):
+        vals = getattr(e, attr)
+        if vals is not None:
+            out[i, e.start - 1:e.start - 1 + len(vals)] = torch.tensor(vals, dtype=out.dtype)
+    return out
+
+
+def collate(examples: list[Example], pad_id: int, device: torch.device | str = "cpu") -> Batch:
+    """Right-padded ids and every per-example value as tensors on `device`."""
+    width = max(len(e.ids) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(examples), width), dtype=torch.long)
+    mask = torch.zeros((len(examples), width - 1))
+    for i, e in enumerate(examples):
         ids[i, :len(e.ids)] = torch.tensor(e.ids)
         attn[i, :len(e.ids)] = 1
         mask[i, e.start - 1:len(e.ids) - 1] = 1.0  # position t predicts token t+1
-    adv = torch.tensor([e.adv for e in batch])
-    return ids.to(device), attn.to(device), mask.to(device), adv.to(device)
+    b = Batch(ids, attn, mask, torch.tensor([e.adv for e in examples]),
+              torch.tensor([e.temperature for e in examples]),
+              torch.tensor([[TERMS.index(e.term) if e.term in TERMS else -1] for e in examples]),
+              _aligned(examples, "behav_logp", mask), _aligned(examples, "logp_x1", mask),
+              _aligned(examples, "ref_logp", mask))
+    return Batch(*(t.to(device) for t in vars(b).values()))
 
 
-def _aligned(batch: list[Example], attr: str, like: torch.Tensor) -> torch.Tensor:
-    """Per-token side values (stored for trained tokens only) placed on the mask positions."""
-    out = torch.zeros_like(like)
-    for i, e in enumerate(batch):
-        vals = getattr(e, attr)
-        if vals is not None:
-            out[i, e.start - 1:e.start - 1 + len(vals)] = torch.tensor(vals, dtype=out.dtype,
-                                                                         device=out.device)
-    return out
-
-
-def sequence_logprobs(model, seqs: list[tuple[list[int], int]], pad_id: int,
-                      micro_batch: int) -> list[list[float]]:
-    """No-grad log-probs of each sequence's tokens from `start` on (SD weights, KL ref)."""
+def sequence_logprobs(model, seqs: list[tuple[list[int], int]], temperatures: list[float],
+                      pad_id: int, micro_batch: int, n_batches: int | None = None) -> list[list[float]]:
+    """No-grad log-probs of each sequence's tokens from `start` on, at its temperature (SD
+    weights, KL reference). `n_batches` pads the loop with dummy forwards so that every
+    rank runs the same number (under ZeRO-3 each forward is a collective)."""
     out: list[list[float]] = []
+    todo = range(0, len(seqs), micro_batch)
     with torch.no_grad():
-        for k in range(0, len(seqs), micro_batch):
+        for k in todo:
             chunk = [Example(ids, start, "aux") for ids, start in seqs[k:k + micro_batch]]
-            ids, attn, mask, _ = pad(chunk, pad_id, _device(model))
-            logp = losses.token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids).cpu()
+            b = collate(chunk, pad_id, _device(model))
+            logits = model(input_ids=b.ids, attention_mask=b.attn).logits
+            temps = torch.tensor(temperatures[k:k + micro_batch])
+            logp = losses.token_logprobs(logits, b.ids, temps).cpu()
             for i, e in enumerate(chunk):
                 out.append(logp[i, e.start - 1:len(e.ids) - 1].tolist())
+        for _ in range(len(todo), n_batches or 0):
+            model(input_ids=torch.tensor([[pad_id, pad_id]], device=_device(model)))
     return out
 
 
-def micro_loss(model, batch: list[Example], norms: dict[str, float], cfg: Config, pad_id: int,
-               lambda_sd: float | None = None):
-    """This micro-batch's share of the step loss, and sums for the step's metrics."""
+# The per-micro-batch sums that make up a step's metrics (summed over ranks).
+SUM_KEYS = tuple(f"loss_{t}" for t in TERMS) + (
+    "kl_sum", "rl_tokens", "mismatch_tokens", "logprob_abs_diff_sum", "mismatch_kl_sum",
+    "clipped_tokens", "tis_truncated_tokens", "sd_tokens", "sd_tokens_masked", "is_w_sum",
+    "is_w_sq_sum")
+MAX_KEYS = ("logprob_abs_diff_max", "is_w_max")
+
+
+def loss_terms(logp: torch.Tensor, b: Batch, norms: dict[str, float], cfg: Config,
+               lambda_sd: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """This micro-batch's share of the step loss from the trainer's per-token log-probs
+    `logp` (already at each row's temperature), and the sums for the step's metrics."""
     L = cfg.loss
-    lambda_sd = L.lambda_sd if lambda_sd is None else lambda_sd
-    ids, attn, mask, adv = pad(batch, pad_id, _device(model))
-    logp = losses.token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)
-    term_id = torch.tensor([TERMS.index(e.term) for e in batch], device=ids.device).unsqueeze(-1)
-    m = {t: (term_id == k).float() * mask for k, t in enumerate(TERMS)}
-    rl_tok = losses.grpo_token_loss(logp, logp.detach(), adv, L.clip_eps)
-    kl_tok = torch.zeros_like(logp)
-    if L.kl_coef > 0:
-        kl_tok = losses.kl_k3(logp, _aligned(batch, "ref_logp", logp))
-    sd_tok, keep = losses.sd_token_loss(logp, adv, L.sd_mask_tau)
+    m = {t: (b.term == k).float() * b.mask for k, t in enumerate(TERMS)}
+    m_rl = m["rl0"] + m["rl1"]
+    rl_tok = losses.policy_token_loss(logp, b.behav_logp, b.adv, L.policy_loss, L.clip_eps, L.tis_cap)
+    kl_tok = losses.kl_k3(logp, b.ref_logp) if L.kl_coef > 0 else torch.zeros_like(logp)
+    rl_tok = rl_tok + L.kl_coef * kl_tok
+    keep = losses.sd_keep_mask(logp, L.sd_mask_tau)
     m_sd = m["sd"] * keep
-    if L.sd_weight == "none":
-        w = torch.ones_like(logp)
-    else:
-        lx1 = _aligned(batch, "logp_x1", logp)
-        fn = {"is": losses.sd_is_token_loss, "clip": losses.sd_clip_token_loss,
-              "cispo": losses.sd_cispo_token_loss}[L.sd_weight]
-        kw = {} if L.sd_weight == "is" else {"low": L.sd_clip_low, "high": L.sd_clip_high}
-        sd_tok = fn(logp, lx1, adv, m["sd"], L.sd_weight_level, **kw)
-        w = losses.importance_weights(logp, lx1, m["sd"], L.sd_weight_level).detach()
-    parts = {
-        "rl0": losses.token_sum(rl_tok + L.kl_coef * kl_tok, m["rl0"], norms["rl0"]),
-        "rl1": losses.token_sum(rl_tok + L.kl_coef * kl_tok, m["rl1"], norms["rl1"]),
-        "sd": losses.token_sum(sd_tok, m_sd, norms["sd"]),
-        "fm": losses.token_sum(-logp, m["fm"], norms["fm"]),
-        "sft": losses.token_sum(-logp, m["sft"], norms["sft"]),
-    }
+    sd_tok = losses.sd_token_loss(logp, b.adv, L.sd_weight, b.logp_x1, m_sd, L.sd_weight_level,
+                                  L.sd_clip_low, L.sd_clip_high)
+    parts = {"rl0": losses.token_sum(rl_tok, m["rl0"], norms["rl0"]),
+             "rl1": losses.token_sum(rl_tok, m["rl1"], norms["rl1"]),
+             "sd": losses.token_sum(sd_tok, m_sd, norms["sd"]),
+             "fm": losses.token_sum(-logp, m["fm"], norms["fm"]),
+             "sft": losses.token_sum(-logp, m["sft"], norms["sft"])}
     total = (parts["rl0"] + parts["rl1"] + lambda_sd * parts["sd"] + L.lambda_fm * parts["fm"]
              + L.lambda_sft * parts["sft"])
-    sd_sel = m["sd"] > 0
-    sums = {f"loss_{k}": v.item() for k, v in parts.items()}
-    sums.update({"kl_sum": float((kl_tok.detach() * (m["rl0"] + m["rl1"])).sum()),
-                 "rl_tokens": float((m["rl0"] + m["rl1"]).sum()),
-                 "sd_tokens_masked": float(((1 - keep) * m["sd"]).sum()),
-                 "is_w_sum": float(w[sd_sel].sum()), "is_w_sq_sum": float((w[sd_sel] ** 2).sum()),
-                 "is_w_max": float(w[sd_sel].max()) if sd_sel.any() else 0.0,
-                 "sd_tokens": float(sd_sel.sum())})
-    return total, sums
+    with torch.no_grad():
+        diff = logp - b.behav_logp  # log(pi_trainer / pi_sampler) on the sampled tokens
+        ratio = torch.exp(diff)
+        sel_rl = m_rl > 0
+        w = (losses.importance_weights(logp, b.logp_x1, m_sd, L.sd_weight_level)
+             if L.sd_weight != "none" else torch.ones_like(logp))
+        sel_sd = m_sd > 0
+        sums = torch.stack([*(parts[t].detach() for t in TERMS),
+                            (kl_tok * m_rl).sum(), m_rl.sum(), m_rl.sum(),
+                            (diff.abs() * m_rl).sum(), ((ratio - 1 - diff) * m_rl).sum(),
+                            (((ratio - 1).abs() > L.clip_eps).float() * m_rl).sum(),
+                            ((ratio > (L.tis_cap or math.inf)).float() * m_rl).sum(),
+                            m_sd.sum(), (m["sd"] * (1 - keep)).sum(),
+                            (w * m_sd).sum(), (w ** 2 * m_sd).sum()])
+        maxes = [diff.abs()[sel_rl].max() if sel_rl.any() else torch.zeros(()),
+                 w[sel_sd].max() if sel_sd.any() else torch.zeros(())]
+        values = torch.cat([sums.float(), torch.stack(maxes).float()]).tolist()  # one sync
+    return total, dict(zip(SUM_KEYS + MAX_KEYS, values))
+
+
+def mismatch_sums(examples: list[Example], logps: list[list[float]]) -> dict[str, float]:
+    """Trainer-vs-sampler agreement of RL examples scored in a no-grad pass (the monitor for
+    steps in which no RL sequence was trained); the same keys `loss_terms` fills."""
+    d = torch.tensor([t - b for e, lp in zip(examples, logps) for t, b in zip(lp, e.behav_logp)])
+    if d.numel() == 0:
+        return {}
+    return {"mismatch_tokens": float(d.numel()), "logprob_abs_diff_sum": float(d.abs().sum()),
+            "mismatch_kl_sum": float((torch.exp(d) - 1 - d).sum()),
+            "logprob_abs_diff_max": float(d.abs().max())}
+
+
+def micro_loss(model, examples: list[Example], norms: dict[str, float], cfg: Config, pad_id: int,
+               lambda_sd: float | None = None):
+    """Forward one micro-batch and return its share of the step loss and its metric sums."""
+    lambda_sd = cfg.loss.lambda_sd if lambda_sd is None else lambda_sd
+    b = collate(examples, pad_id, _device(model))
+    logits = model(input_ids=b.ids, attention_mask=b.attn).logits
+    return loss_terms(losses.token_logprobs(logits, b.ids, b.temperature), b, norms, cfg, lambda_sd)

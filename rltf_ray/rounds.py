@@ -32,6 +32,11 @@ class Revision:
     critique: str  # c_{k-1}, the feedback that led to y_k
     judged: str  # y_{k-1}, the attempt that feedback was about
 
+    @property
+    def logprobs_column(self) -> str:
+        """The column holding the sampler's log-probs of y_k."""
+        return round_col("revision_logprobs", self.k)
+
 
 def attempt_text(row: dict, k: int) -> str:
     """y_{k-1}: the text that critique round `k` judges."""

@@ -180,12 +180,16 @@ class Pipeline:
         """Evaluate, run every RL step, evaluate again; the resources must be started."""
         import ray
 
+        from rltf_ray.stages.critique import check_critique_failures
+
         summary: dict = {}
         if self.cfg.run.eval_before_after:
             summary["before"] = self.evaluate()
             b = summary["before"]
             _log(f"before training: first-turn accuracy {b['accuracy']:.3f}, mean reward "
-                 f"{b['reward_mean']:.3f} on {b['n']} held-out prompts (greedy, no feedback)")
+                 f"{b['reward_mean']:.3f} on {b['n']} distinct held-out problems (greedy, no feedback)"
+                 + (f"; the task's test split has only {b['n']} of the {b['requested']} asked for"
+                    if b["n"] < b["requested"] else ""))
         mpath = self.out / "metrics.jsonl"
         mpath.write_text("")
         for step in range(self.cfg.run.steps):
@@ -193,6 +197,8 @@ class Pipeline:
             table = self.rollout(step)
             t_roll = time.perf_counter() - t0
             pq.write_table(table, self.out / "rollouts" / f"step_{step}.parquet")
+            if self.cfg.run.turns > 1:
+                check_critique_failures(table.to_pylist(), self.critic_params, self.cfg.run.rounds, step)
             ray.get(self.broker.put_step.remote(step, [ray.put(table.to_pylist())]))
             train = self.wait_result(step)
             row = {**M.rollout_metrics(table, self.cfg.run), **train, "seconds_rollout": t_roll,

@@ -15,8 +15,8 @@ import time
 import ray
 
 from rltf_ray.config import Config, config_from_dict
-from rltf_ray.objectives import (TERMS, Example, build_examples, micro_loss, sequence_logprobs,
-                                 step_normalisers)
+from rltf_ray.objectives import (MAX_KEYS, RL_TERMS, SUM_KEYS, TERMS, Example, build_examples,
+                                 micro_loss, mismatch_sums, sequence_logprobs, step_normalisers)
 
 @ray.remote(num_cpus=0)
 class StepBroker:
@@ -58,46 +58,88 @@ def shard_examples(examples: list[Example], rank: int, world: int) -> list[Examp
     return ordered[rank::world]
 
 
-def fill_side_logprobs(mine: list[Example], engine, ref_model, cfg: Config, pad_id: int) -> None:
-    """No-grad pre-pass: pi(y1|x1) for SD importance weights, reference log-probs for KL."""
+def global_max(n: int, device) -> int:
+    """The largest `n` over all ranks: every rank then runs that many collectives."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([n], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t)
+
+
+def fill_side_logprobs(mine: list[Example], engine, ref_model, cfg: Config, pad_id: int,
+                       device) -> None:
+    """No-grad pre-pass: pi(y_k|x_k) for SD importance weights (a forward of the DeepSpeed
+    engine, so under ZeRO-3 a collective: padded to the same count on every rank), and the
+    frozen reference's log-probs for KL (a plain module, no collective)."""
     mb = cfg.trainer.micro_batch_size
     if cfg.loss.sd_weight != "none":
         sd = [e for e in mine if e.term == "sd"]
         seqs = [(e.x1_ids + e.ids[e.start:], len(e.x1_ids)) for e in sd]
-        for e, lp in zip(sd, sequence_logprobs(engine, seqs, pad_id, mb)):
+        n = global_max(math.ceil(len(sd) / mb), device)
+        lps = sequence_logprobs(engine, seqs, [e.x1_temperature for e in sd], pad_id, mb, n)
+        for e, lp in zip(sd, lps):
             e.logp_x1 = lp
     if ref_model is not None:
-        rl = [e for e in mine if e.term in ("rl0", "rl1")]
-        for e, lp in zip(rl, sequence_logprobs(ref_model, [(e.ids, e.start) for e in rl], pad_id, mb)):
+        rl = [e for e in mine if e.term in RL_TERMS]
+        lps = sequence_logprobs(ref_model, [(e.ids, e.start) for e in rl],
+                                [e.temperature for e in rl], pad_id, mb)
+        for e, lp in zip(rl, lps):
             e.ref_logp = lp
 
 
+def monitor_sample(examples: list[Example], engine, cfg: Config, pad_id: int, rank: int, world: int,
+                   device) -> dict[str, float]:
+    """When no RL sequence is trained this step (every advantage 0), score a few of them in a
+    no-grad pass so that the trainer-vs-sampler mismatch is still reported every step. A
+    forward of the DeepSpeed engine: padded to the same count on every rank."""
+    mb = cfg.trainer.micro_batch_size
+    mine = shard_examples([e for e in examples if e.term in RL_TERMS], rank, world)[:mb]
+    n = global_max(1 if mine else 0, device)
+    lps = sequence_logprobs(engine, [(e.ids, e.start) for e in mine], [e.temperature for e in mine],
+                            pad_id, mb, n)
+    return mismatch_sums(mine, lps)
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
 def reduce_metrics(sums: dict[str, float], cfg: Config, lambda_sd: float) -> dict:
-    """Sum the workers' loss shares (each already divided by the step-global normaliser)."""
+    """Sum the workers' loss shares (each already divided by the step-global normaliser)
+    and turn the token sums into the step's metrics."""
     import torch
     import torch.distributed as dist
 
-    keys = [f"loss_{t}" for t in TERMS] + ["kl_sum", "rl_tokens", "sd_tokens_masked", "is_w_sum",
-                                           "is_w_sq_sum", "sd_tokens"]
     dev = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    vec = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64, device=dev)
+    vec = torch.tensor([sums.get(k, 0.0) for k in SUM_KEYS], dtype=torch.float64, device=dev)
     dist.all_reduce(vec)
-    w_max = torch.tensor([sums.get("is_w_max", 0.0)], device=dev)
-    dist.all_reduce(w_max, op=dist.ReduceOp.MAX)
-    v = dict(zip(keys, vec.cpu().tolist()))
+    top = torch.tensor([sums.get(k, 0.0) for k in MAX_KEYS], dtype=torch.float64, device=dev)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    v = {**dict(zip(SUM_KEYS, vec.cpu().tolist())), **dict(zip(MAX_KEYS, top.cpu().tolist()))}
     L = cfg.loss
-    m = {k: v[k] for k in keys if k.startswith("loss_")}
+    m = {k: v[k] for k in SUM_KEYS if k.startswith("loss_")}
     m["loss_grpo"] = m["loss_rl0"]  # the issue-2 name for the turn-0 RL term
     m["loss"] = (m["loss_rl0"] + m["loss_rl1"] + lambda_sd * m["loss_sd"] + L.lambda_fm * m["loss_fm"]
                  + L.lambda_sft * m["loss_sft"])
-    n_sd = v["sd_tokens"]
-    m["lambda_sd"] = lambda_sd
-    m["sd_masked_fraction"] = v["sd_tokens_masked"] / n_sd if n_sd else 0.0
-    m["kl_mean"] = v["kl_sum"] / v["rl_tokens"] if v["rl_tokens"] else 0.0
-    m["sd_tokens_trained"] = n_sd
+    n_rl, n_sd, n_mm = v["rl_tokens"], v["sd_tokens"], v["mismatch_tokens"]
+    per_rl = (lambda x: x / n_rl) if n_rl else (lambda x: None)  # null: no RL token trained
+    per_mm = (lambda x: x / n_mm) if n_mm else (lambda x: None)
+    m.update({"lambda_sd": lambda_sd, "kl_mean": per_rl(v["kl_sum"]), "rl_tokens_trained": n_rl,
+              # trainer vs sampler on the sampled tokens (verl/OpenRLHF's mismatch monitor);
+              # from the trained RL tokens, or a no-grad sample when none was trained
+              "logprob_abs_diff_mean": per_mm(v["logprob_abs_diff_sum"]),
+              "logprob_abs_diff_max": v["logprob_abs_diff_max"] if n_mm else None,
+              "sampler_trainer_kl": per_mm(v["mismatch_kl_sum"]), "mismatch_tokens": n_mm,
+              "ratio_outside_clip_fraction": per_rl(v["clipped_tokens"]),
+              "tis_truncated_fraction": per_rl(v["tis_truncated_tokens"]),
+              "sd_tokens_trained": n_sd,
+              "sd_masked_fraction": v["sd_tokens_masked"] / (n_sd + v["sd_tokens_masked"])
+              if n_sd + v["sd_tokens_masked"] else 0.0})
     if L.sd_weight != "none":  # null when every SD sequence had zero advantage (none forwarded)
         mean = v["is_w_sum"] / n_sd if n_sd else None
-        m.update({"is_weight_mean": mean, "is_weight_max": float(w_max) if n_sd else None,
+        m.update({"is_weight_mean": mean, "is_weight_max": v["is_w_max"] if n_sd else None,
                   "is_weight_var": max(v["is_w_sq_sum"] / n_sd - mean ** 2, 0.0) if n_sd else None})
     return m
 
@@ -105,22 +147,19 @@ def reduce_metrics(sums: dict[str, float], cfg: Config, lambda_sd: float) -> dic
 def learn_step(engine, ref_model, rows: list[dict], cfg: Config, tokenizer, pad_id: int, step: int,
                rank: int, world: int) -> dict:
     """One optimizer step on one RL step's rollout rows (a collective on every rank): build
-    the examples, shard them, accumulate micro-batch gradients, step; returns the metrics."""
-    import torch
-    import torch.distributed as dist
-
+    the examples, shard them, accumulate micro-batch gradients, step; returns the metrics.
+    A non-finite loss raises NonFiniteLoss on every rank before the optimizer step, so the
+    weights and the policy version never advance on a broken step."""
     examples, stats = build_examples(rows, cfg, tokenizer)
     norms = step_normalisers(examples, cfg)
     # zero-advantage RL/SD sequences add nothing but still count in the normalisers
     trained = [e for e in examples if e.term in ("fm", "sft") or e.adv != 0.0]
     mine = shard_examples(trained, rank, world)
-    fill_side_logprobs(mine, engine, ref_model, cfg, pad_id)
-    mb = cfg.trainer.micro_batch_size
     # gloo (CPU) and NCCL (GPU) both reduce tensors on the worker's own device
     dev = next(engine.module.parameters()).device
-    n_micro = torch.tensor([math.ceil(len(mine) / mb)], device=dev)
-    dist.all_reduce(n_micro, op=dist.ReduceOp.MAX)  # every rank must run the same collectives
-    n_micro = max(int(n_micro), 1)
+    fill_side_logprobs(mine, engine, ref_model, cfg, pad_id, dev)
+    mb = cfg.trainer.micro_batch_size
+    n_micro = max(global_max(math.ceil(len(mine) / mb), dev), 1)
     lambda_sd = cfg.loss.lambda_sd_at(step)
     sums: dict[str, float] = {}
     for i in range(n_micro):
@@ -129,15 +168,23 @@ def learn_step(engine, ref_model, rows: list[dict], cfg: Config, tokenizer, pad_
         if batch:
             loss, parts = micro_loss(engine, batch, norms, cfg, pad_id, lambda_sd)
             for k, v in parts.items():
-                sums[k] = max(sums.get(k, 0.0), v) if k == "is_w_max" else sums.get(k, 0.0) + v
+                sums[k] = max(sums.get(k, 0.0), v) if k in MAX_KEYS else sums.get(k, 0.0) + v
         else:  # keeps this rank in step with the others' gradient reductions
+            import torch
+
             dummy = torch.tensor([[pad_id, pad_id]], device=dev)
             loss = engine(input_ids=dummy).logits.sum() * 0.0
         # DeepSpeed averages gradients over ranks; scale back to a sum of shares.
         engine.backward(loss * world, scale_wrt_gas=False)
+    if global_max(int(any(e.term in RL_TERMS for e in mine)), dev) == 0:
+        sums.update(monitor_sample(examples, engine, cfg, pad_id, rank, world, dev))
+    metrics = reduce_metrics(sums, cfg, lambda_sd)
+    if not math.isfinite(metrics["loss"]):
+        raise NonFiniteLoss(f"step {step}: the loss is {metrics['loss']} "
+                            f"({ {k: v for k, v in metrics.items() if k.startswith('loss_')} }); "
+                            "the optimizer step was not taken")
     engine.step()
-    return {**reduce_metrics(sums, cfg, lambda_sd), **stats,
-            **{f"examples_{t}": sum(e.term == t for e in examples) for t in TERMS}}
+    return {**metrics, **stats, **{f"examples_{t}": sum(e.term == t for e in examples) for t in TERMS}}
 
 
 def deepspeed_config(cfg: Config) -> dict:

@@ -7,7 +7,7 @@ import torch
 from rltf_ray.chat import FM_INSTRUCTION, encode, first_turn_messages, fm_messages, revision_messages
 from rltf_ray.config import Config, LossConfig
 from rltf_ray.graph import DEFAULT_REVISION_TEMPLATE
-from rltf_ray.objectives import Example, build_examples, micro_loss, pad, step_normalisers
+from rltf_ray.objectives import Example, build_examples, collate, micro_loss, step_normalisers
 
 
 def test_revision_prompt_has_x0_y0_c0_in_turn_order(tiny_tokenizer):
@@ -34,14 +34,17 @@ def test_fm_prompt(tiny_tokenizer):
 def rows():
     base = dict(prompt="What is 2 + 3?", prompt_ids=[1, 2, 3], critique="too high",
                 critique_failed=False, response="x", revised=True, revision_prompt_ids=[1, 2, 3, 10, 11])
-    return [dict(base, prompt_id="a", response_ids=[4, 5], revision_ids=[6], reward_first=1.0,
-                 reward_second=1.0),
-            dict(base, prompt_id="a", response_ids=[7], revision_ids=[8, 9], reward_first=0.0,
-                 reward_second=1.0)]
+    return [dict(base, prompt_id="a", response_ids=[4, 5], response_logprobs=[-1.0, -2.0],
+                 revision_ids=[6], revision_logprobs=[-0.5], reward_first=1.0, reward_second=1.0),
+            dict(base, prompt_id="a", response_ids=[7], response_logprobs=[-3.0], revision_ids=[8, 9],
+                 revision_logprobs=[-0.1, -0.2], reward_first=0.0, reward_second=1.0)]
+
+
+SD_FM = Config(loss=LossConfig(turn1_rl=False, lambda_sd=0.1, lambda_fm=0.1, sd_mask_tau=None))
 
 
 def test_build_examples_terms_and_advantages(tiny_tokenizer):
-    ex, stats = build_examples(rows(), Config(), tiny_tokenizer)
+    ex, stats = build_examples(rows(), SD_FM, tiny_tokenizer)
     grpo = [e for e in ex if e.term == "rl0"]
     sd = [e for e in ex if e.term == "sd"]
     fm = [e for e in ex if e.term == "fm"]
@@ -52,26 +55,30 @@ def test_build_examples_terms_and_advantages(tiny_tokenizer):
     assert all(e.start == 3 for e in grpo + sd)
     assert len(fm) == 2 and fm[0].ids[-1] == tiny_tokenizer.eos_token_id
     assert stats["zero_adv_group_fraction"] == 0.0
-    no_aux = build_examples(rows(), Config(loss=LossConfig(lambda_sd=0.0, lambda_fm=0.0)),
+    no_aux = build_examples(rows(), Config(loss=LossConfig(turn1_rl=False, lambda_sd=0.0)),
                             tiny_tokenizer)[0]
     assert {e.term for e in no_aux} == {"rl0"}
 
 
-def test_pad_mask_aligns_with_predicted_tokens():
-    ids, attn, mask, adv = pad([Example([1, 2, 3, 4], 2, "grpo", 1.0), Example([5, 6], 1, "sd", -1.0)], 0)
-    assert ids.tolist() == [[1, 2, 3, 4], [5, 6, 0, 0]]
-    assert mask.tolist() == [[0, 1, 1], [1, 0, 0]]  # predicting ids[2], ids[3]; ids[1]
-    assert attn.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]] and adv.tolist() == [1.0, -1.0]
+def test_collate_aligns_masks_and_side_values_with_predicted_tokens():
+    b = collate([Example([1, 2, 3, 4], 2, "rl0", 1.0, 0.7, behav_logp=[-1.0, -2.0]),
+                 Example([5, 6], 1, "sd", -1.0)], 0)
+    assert b.ids.tolist() == [[1, 2, 3, 4], [5, 6, 0, 0]]
+    assert b.mask.tolist() == [[0, 1, 1], [1, 0, 0]]  # predicting ids[2], ids[3]; ids[1]
+    assert b.behav_logp.tolist() == [[0, -1.0, -2.0], [0, 0, 0]]
+    assert b.attn.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]] and b.adv.tolist() == [1.0, -1.0]
+    assert b.temperature.tolist() == pytest.approx([0.7, 1.0]) and b.term.tolist() == [[0], [2]]
 
 
 def test_micro_batches_sum_to_the_full_batch_loss(tiny_path, tiny_tokenizer):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
-    ex, _ = build_examples(rows(), Config(), tiny_tokenizer)
-    cfg = Config()
+    cfg = Config(loss=LossConfig(lambda_fm=0.1))
+    ex, _ = build_examples(rows(), cfg, tiny_tokenizer)
+    assert {e.term for e in ex} == {"rl0", "rl1", "sd", "fm"}
     counts = step_normalisers(ex, cfg)
     full, parts = micro_loss(model, ex, counts, cfg, 0)
-    halves = [micro_loss(model, ex[:3], counts, cfg, 0), micro_loss(model, ex[3:], counts, cfg, 0)]
+    halves = [micro_loss(model, ex[:4], counts, cfg, 0), micro_loss(model, ex[4:], counts, cfg, 0)]
     assert full.item() == pytest.approx(sum(h[0].item() for h in halves), rel=1e-5)
     assert math.isfinite(parts["loss_fm"]) and parts["loss_fm"] > 0

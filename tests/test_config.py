@@ -23,7 +23,8 @@ def test_defaults_and_overrides():
     cfg = load_config(TINY, ["trainer.lr=3e-4", "pipeline.first_turn.n=8", "run.steps=5"])
     assert cfg.trainer.lr == 3e-4 and cfg.run.steps == 5
     assert dict(cfg.node("generate").params)["n"] == 8
-    assert cfg.trainer.zero_stage == 2 and cfg.loss.lambda_sd == 0.1 and cfg.loss.lambda_fm == 0.1
+    assert cfg.trainer.zero_stage == 2 and cfg.loss.lambda_sd == 0.1 and cfg.loss.lambda_fm == 0.0
+    assert cfg.loss.turn1_rl and cfg.loss.sd_mask_tau == -5.0 and cfg.loss.policy_loss == "importance_sampling"
 
 
 @pytest.mark.parametrize("override,match", [

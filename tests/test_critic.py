@@ -92,3 +92,19 @@ def test_second_round_critiques_only_wrong_revisions_and_carries_scores(serve_up
     assert [r["correct_second_2"] for r in final] == [True, True, True, False]
     assert [r["reward_second_2"] for r in final] == [1.0, 1.0, 1.0, 0.0]
     assert not any(r["reward_failed_2"] for r in final)
+
+
+def test_math_task_through_the_serve_critic(serve_up):
+    """math-verify's own timeout needs the main thread; Serve runs user code on worker threads.
+    Every parsable answer must be judged, none may end as critique_failed."""
+    task = TaskConfig(name="math")
+    p = CritiqueParams(app_name="crit_math")
+    serve.run(build_critic_app(task, p), name="crit_math", route_prefix="/crit_math")
+    meta = json.dumps({"question": "What is half of one?", "answer": "\\frac{1}{2}"})
+    answers = ["\\boxed{0.5}", "\\boxed{\\frac{2}{4}}", "\\boxed{3}", "no box"]
+    rows = [{"prompt_id": "m", "step": 0, "prompt": "What is half of one?", "meta": meta, "response": a}
+            for a in answers]
+    out = make_critique(task, p)(rows)
+    assert [r["critique_failed"] for r in out] == [False] * 4
+    assert [r["correct_first"] for r in out] == [True, True, False, False]
+    assert out[2]["critique"] == "Your answer is incorrect." and "could not be read" in out[3]["critique"]

@@ -1,4 +1,6 @@
-"""Every loss on small hand-computed tensors."""
+"""Every per-token loss in `rltf_ray.losses` on small hand-computed tensors. These are the
+functions `objectives.loss_terms` (the trainer's path) calls; tests/test_objectives.py
+checks the wiring."""
 import math
 
 import pytest
@@ -7,83 +9,125 @@ import torch
 from rltf_ray import losses as L
 
 
-def test_token_logprobs_matches_hand_softmax():
+def test_token_logprobs_matches_hand_softmax_at_each_rows_temperature():
     logits = torch.tensor([[[0.0, math.log(3.0)], [math.log(4.0), 0.0], [0.0, 0.0]]])
     ids = torch.tensor([[0, 1, 0]])
     # position 0 predicts token 1: p = 3/4 ; position 1 predicts token 0: p = 4/5
-    got = L.token_logprobs(logits, ids)
-    assert torch.allclose(got, torch.tensor([[math.log(0.75), math.log(0.8)]]), atol=1e-6)
+    assert torch.allclose(L.token_logprobs(logits, ids), torch.tensor([[math.log(0.75), math.log(0.8)]]))
+    # at T = 0.5 the logits double: p = 9/10 and 16/17
+    want = torch.tensor([[math.log(0.9), math.log(16 / 17)]])
+    assert torch.allclose(L.token_logprobs(logits, ids, 0.5), want, atol=1e-6)
+    two = L.token_logprobs(logits.repeat(2, 1, 1), ids.repeat(2, 1), torch.tensor([1.0, 0.5]))
+    assert torch.allclose(two[1], want[0], atol=1e-6) and torch.allclose(two[0], L.token_logprobs(logits, ids)[0])
 
 
-def test_group_advantages_mean_and_std():
-    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0])
-    g = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
-    assert L.group_advantages(r, g).tolist() == [0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0]
-    std = L.group_advantages(r, g, std_norm=True)
-    # unbiased std of [1,0,0,1] is sqrt(1/3); 0.5 / sqrt(1/3) = 0.8660
-    assert std[0].item() == pytest.approx(0.5 / math.sqrt(1 / 3), rel=1e-5)
-    assert std[4:].abs().max().item() == 0.0
+def test_importance_sampling_ratio_is_against_the_sampler():
+    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    behav = torch.tensor([[-1.5, -2.0]])  # the sampler gave the first token less mass
+    adv = torch.tensor([2.0])
+    tok = L.policy_token_loss(logp, behav, adv, "importance_sampling")
+    rho = torch.tensor([[math.exp(0.5), 1.0]])
+    assert torch.allclose(tok, -2.0 * rho)
+    tok.sum().backward()
+    assert torch.allclose(logp.grad, -2.0 * rho)  # d(-rho A)/dlogp = -rho A
 
 
-def test_grpo_on_policy_is_reinforce_with_token_mean():
-    logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.7]], requires_grad=True)
-    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
-    adv = torch.tensor([1.0, -0.5])
-    loss = L.grpo_loss(logp, logp.detach(), adv, mask)
-    assert loss.item() == pytest.approx(-(1 * 2 - 0.5 * 1) / 3)
-    loss.backward()
-    assert torch.allclose(logp.grad, torch.tensor([[-1 / 3, -1 / 3], [0.5 / 3, 0.0]]))
+@pytest.mark.parametrize("log_rho,adv,value,grad", [
+    (math.log(1.5), 1.0, -1.2, 0.0),     # A > 0, rho above 1 + eps: clipped, no gradient
+    (math.log(1.5), -1.0, 1.5, 1.5),     # A < 0: the unclipped (larger) loss is kept
+    (math.log(0.5), 1.0, -0.5, -0.5),    # A > 0, rho below 1 - eps: unclipped is the min
+    (math.log(0.5), -1.0, 0.8, 0.0),     # A < 0, rho below 1 - eps: clipped
+])
+def test_ppo_clip_acts_on_a_perturbed_sampler_logprob(log_rho, adv, value, grad):
+    logp = torch.tensor([[-2.0]], requires_grad=True)
+    behav = torch.tensor([[-2.0 - log_rho]])
+    tok = L.policy_token_loss(logp, behav, torch.tensor([adv]), "ppo_clip", clip_eps=0.2)
+    assert tok.item() == pytest.approx(value, rel=1e-6)
+    tok.sum().backward()
+    assert logp.grad.item() == pytest.approx(grad, abs=1e-6)
 
 
-@pytest.mark.parametrize("ratio,adv,expected", [(1.5, 1.0, -1.2), (1.5, -1.0, 1.5),
-                                                (0.5, 1.0, -0.5), (0.5, -1.0, 0.8)])
-def test_grpo_ppo_clip(ratio, adv, expected):
-    logp = torch.tensor([[math.log(ratio)]])
-    loss = L.grpo_loss(logp, torch.zeros(1, 1), torch.tensor([adv]), torch.ones(1, 1))
-    assert loss.item() == pytest.approx(expected, rel=1e-6)
+def test_truncated_importance_sampling_caps_the_weight():
+    logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    behav = torch.tensor([[-3.0, -1.2]])  # rho = e^2 = 7.39 (truncated to 2) and e^0.2
+    tok = L.policy_token_loss(logp, behav, torch.tensor([1.0]), "importance_sampling", tis_cap=2.0)
+    assert torch.allclose(tok, torch.tensor([[-2.0, -math.exp(0.2)]]))
+    tok.sum().backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-2.0, -math.exp(0.2)]]))
+    with pytest.raises(ValueError, match="policy loss"):
+        L.policy_token_loss(logp, behav, torch.tensor([1.0]), "reinforce")
 
 
-def test_sd_loss_value_and_tau_mask():
-    logp = torch.tensor([[-1.0, -2.0], [-0.5, -6.0]])
-    adv = torch.tensor([1.0, 2.0])
-    mask = torch.ones(2, 2)
-    assert L.sd_loss(logp, adv, mask).item() == pytest.approx((1 + 2 + 1 + 12) / 4)
-    # tau=-5 drops the -6 token: (1 + 2 + 1) / 3
-    assert L.sd_loss(logp, adv, mask, tau=-5.0).item() == pytest.approx(4 / 3)
-    _, keep = L.sd_token_loss(logp, adv, -5.0)
-    assert keep.tolist() == [[1.0, 1.0], [1.0, 0.0]]
+def test_sd_plain_loss_and_tau_mask():
+    logp = torch.tensor([[-1.0, -6.0]], requires_grad=True)
+    keep = L.sd_keep_mask(logp, -5.0)
+    assert keep.tolist() == [[1.0, 0.0]] and L.sd_keep_mask(logp, None).tolist() == [[1.0, 1.0]]
+    tok = L.sd_token_loss(logp, torch.tensor([0.75]))
+    assert tok.tolist() == [[0.75, 4.5]]  # -A log pi
+    (tok * keep).sum().backward()
+    assert logp.grad.tolist() == [[-0.75, 0.0]]
 
 
-def test_sd_first_turn_baseline_survives_all_correct_revisions():
-    r0 = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    r1 = torch.ones(4)
-    g = torch.zeros(4, dtype=torch.long)
-    a_first = L.sd_advantages(r1, r0, g)
-    assert a_first.tolist() == [0.75, 0.75, 0.75, 0.75]
-    logp = torch.full((4, 3), -1.0, requires_grad=True)
-    L.sd_loss(logp, a_first, torch.ones(4, 3)).backward()
-    assert logp.grad.abs().sum().item() > 0
-    # the second-turn baseline (mean r1) would give exactly zero gradient here
-    a_second = L.group_advantages(r1, g)
-    logp2 = torch.full((4, 3), -1.0, requires_grad=True)
-    L.sd_loss(logp2, a_second, torch.ones(4, 3)).backward()
-    assert logp2.grad.abs().sum().item() == 0.0
+def test_importance_weights_with_x1_different_from_x0():
+    lx0 = torch.tensor([[-1.0, -2.0, -7.0]])
+    lx1 = torch.tensor([[-1.5, -1.0, -0.1]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third token is tau-masked: not in the weight
+    tok = L.importance_weights(lx0, lx1, mask, "token")
+    assert torch.allclose(tok[0, :2], torch.tensor([math.exp(0.5), math.exp(-1.0)]))
+    seq = L.importance_weights(lx0, lx1, mask, "sequence")
+    assert torch.allclose(seq, torch.full((1, 3), math.exp(0.5 - 1.0)))  # masked token excluded
 
 
-def test_fm_loss_is_mean_negative_logprob():
-    logp = torch.tensor([[-1.0, -3.0, -9.0]])
-    assert L.fm_loss(logp, torch.tensor([[1.0, 1.0, 0.0]])).item() == pytest.approx(2.0)
+def test_weighted_sd_variants_exact():
+    lx0 = torch.tensor([[-1.0]], requires_grad=True)
+    lx1, m = torch.tensor([[-1.5]]), torch.ones(1, 1)
+    w = math.exp(0.5)
+    pos, neg = torch.tensor([1.0]), torch.tensor([-1.0])
+    assert L.sd_token_loss(lx0, pos, "is", lx1, m).item() == pytest.approx(-w)
+    assert L.sd_token_loss(lx0, pos, "clip", lx1, m).item() == pytest.approx(-1.2)
+    assert L.sd_token_loss(lx0, neg, "clip", lx1, m).item() == pytest.approx(w)
+    # cispo: -sg(clip(w)) * A * log pi = -1.2 * 1 * (-1)
+    assert L.sd_token_loss(lx0, pos, "cispo", lx1, m).item() == pytest.approx(1.2)
+    L.sd_token_loss(lx0, pos, "is", lx1, m).sum().backward()
+    assert lx0.grad.item() == pytest.approx(-w)  # -A w dlog pi
 
 
-def test_token_sum_shares_add_up_to_the_token_mean():
-    vals = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
-    mask = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
-    whole = L.masked_mean(vals, mask)
-    parts = L.token_sum(vals[:1], mask[:1], 4.0) + L.token_sum(vals[1:], mask[1:], 4.0)
-    assert parts.item() == pytest.approx(whole.item()) == pytest.approx((1 + 3 + 4 + 6) / 4)
+@pytest.mark.parametrize("weight", ["is", "clip", "cispo"])
+@pytest.mark.parametrize("level", ["sequence", "token"])
+def test_weighted_sd_gradient_equals_plain_sd_when_contexts_agree(weight, level):
+    base = torch.tensor([[-0.5, -1.5, -0.2], [-2.0, -0.1, -0.3]])
+    adv, mask = torch.tensor([0.7, -0.4]), torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    a = base.clone().requires_grad_(True)
+    (L.sd_token_loss(a, adv, weight, base, mask, level) * mask).sum().backward()
+    b = base.clone().requires_grad_(True)
+    (L.sd_token_loss(b, adv) * mask).sum().backward()
+    assert torch.allclose(a.grad, b.grad, atol=1e-6)
 
 
-def test_rltf_loss_combination_and_empty_mask():
-    assert L.rltf_loss(torch.tensor(1.0), torch.tensor(2.0), torch.tensor(3.0), 0.1, 0.5).item() == \
-        pytest.approx(1 + 0.2 + 1.5)
-    assert L.masked_mean(torch.ones(2, 2), torch.zeros(2, 2)).item() == 0.0
+def test_discounted_returns_and_group_means():
+    g = L.discounted_returns(torch.tensor([[1.0, 0.5], [0.0, 1.0]]), 0.1)
+    assert torch.allclose(g, torch.tensor([[1.05, 0.5], [0.1, 1.0]]))
+    gid = torch.tensor([0, 0, 1, 1])
+    assert L.group_means(torch.tensor([1.0, 0.0, 0.5, 0.5]), gid).tolist() == [0.5, 0.5, 0.5, 0.5]
+    sub = L.subset_group_means(torch.tensor([1.0, 0.0, 3.0, 9.0]), gid, torch.tensor([True, False, True, False]))
+    assert sub.tolist() == [1.0, 1.0, 3.0, 3.0]
+
+
+def test_advantage_normalisation_modes():
+    adv = torch.tensor([1.0, -1.0, 2.0, -2.0])
+    g = torch.tensor([0, 0, 1, 1])
+    assert torch.equal(L.normalize_advantages(adv, g, "none"), adv)
+    grp = L.normalize_advantages(adv, g, "group")  # each group's unbiased std is sqrt(2), 2*sqrt(2)
+    assert torch.allclose(grp, torch.tensor([1, -1, 1, -1]) / math.sqrt(2), atol=1e-5)
+    assert torch.allclose(L.normalize_advantages(adv, g, "batch"), adv / adv.std(), atol=1e-5)
+    with pytest.raises(ValueError):
+        L.normalize_advantages(adv, g, "bogus")
+
+
+def test_kl_k3_and_token_sum():
+    assert L.kl_k3(torch.tensor([-1.0]), torch.tensor([-1.0])).item() == 0.0
+    assert L.kl_k3(torch.tensor([-1.0]), torch.tensor([-2.0])).item() == pytest.approx(math.exp(-1))
+    vals = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    mask = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    assert L.token_sum(vals, mask, 4.0).item() == pytest.approx(8 / 4)
+    assert L.token_sum(vals, mask, 0.0).item() == 0.0

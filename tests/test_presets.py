@@ -1,5 +1,6 @@
 """Every objective preset runs one RL step end to end on the tiny model (one Ray for all)."""
 import json
+import math
 
 import pytest
 import ray
@@ -25,37 +26,72 @@ def test_there_are_ten_presets():
     assert len(PRESETS) == 10 and "rltf_sd" in PRESETS
 
 
-@pytest.mark.parametrize("preset", PRESETS)
-def test_preset_runs_one_step(preset, shared_ray, tmp_path, tiny_path):
+def one_step(tmp_path, port, *overrides, preset=None):
     cfg = load_config("pipelines/configs/tiny.yaml",
                       [f"run.output_dir={tmp_path}", "run.steps=1", "run.eval_before_after=false",
-                       "run.serve_http_port=8140", "loss.kl_coef=0.01" if preset == "grpo_multi" else "loss.gamma=0.1"],
-                      preset=preset)
+                       f"run.serve_http_port={port}", *overrides], preset=preset)
     summary = Pipeline(cfg).run()
-    assert summary["engine_versions"] == [1]
-    m = json.loads((tmp_path / "metrics.jsonl").read_text())
+    return cfg, summary, json.loads((tmp_path / "metrics.jsonl").read_text())
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_runs_one_step(preset, shared_ray, tmp_path, tiny_path):
+    extra = ["loss.kl_coef=0.01"] if preset == "grpo_multi" else []  # the reference's KL path too
+    cfg, summary, m = one_step(tmp_path, 8140, *extra, preset=preset)
+    assert summary["engine_versions"] == [1] and m["policy_version"] == 1
     L = cfg.loss
-    assert m["policy_version"] == 1 and m["loss"] == m["loss"]  # finite, not NaN
+    assert all(math.isfinite(m[k]) for k in ("loss", "loss_rl0", "loss_rl1", "loss_sd", "loss_fm", "loss_sft"))
     assert (m["examples_rl1"] > 0) == (L.turn1_rl and cfg.run.turns >= 2)
     assert (m["examples_sd"] > 0) == (L.lambda_sd > 0)
     assert (m["examples_fm"] > 0) == (L.lambda_fm > 0)
+    assert m["examples_sft"] == 0  # the random tiny model never gets a revision right
+    for term, lam in (("sd", L.lambda_sd), ("fm", L.lambda_fm)):
+        if lam == 0:
+            assert m[f"loss_{term}"] == 0.0
     if cfg.run.turns == 1:
         assert m["revised_rows"] == 0 and m["examples_rl1"] == 0
+    else:  # early termination: exactly the wrong first answers were critiqued and revised
+        assert m["revised_rows"] == round(m["rows"] * (1 - m["first_turn_accuracy"]))
+    assert m["revision_gain"] == pytest.approx(m["second_turn_accuracy"] - m["first_turn_accuracy"])
+    assert 0.0 <= m["zero_adv_group_fraction"] <= 1.0 and 0.0 <= m["sd_masked_fraction"] <= 1.0
     if L.sd_weight != "none":  # values are null when no SD token had a non-zero advantage
-        assert {"is_weight_mean", "is_weight_max", "is_weight_var"} <= set(m)
         assert (m["is_weight_mean"] is None) == (m["sd_tokens_trained"] == 0)
-    if L.kl_coef > 0:
-        assert m["kl_mean"] >= 0.0
-    for key in ("revision_gain", "zero_adv_group_fraction", "sd_masked_fraction", "loss_sd", "loss_rl1"):
-        assert key in m
+        if m["is_weight_mean"] is not None:
+            assert 0 < m["is_weight_mean"] <= m["is_weight_max"] and m["is_weight_var"] >= 0
+    if L.kl_coef > 0:  # null when no RL token was trained (every advantage 0 with the random model)
+        assert (m["kl_mean"] is None) == (m["rl_tokens_trained"] == 0)
+        assert m["kl_mean"] is None or m["kl_mean"] >= 0.0
+    assert m["logprob_abs_diff_mean"] < 0.05 and m["logprob_abs_diff_max"] >= m["logprob_abs_diff_mean"]
+
+
+def test_sd_is_under_zero3_with_two_workers(shared_ray, tmp_path, tiny_path):
+    """The importance-weight pre-pass forwards a rank-dependent number of SD sequences; under
+    ZeRO-3 every forward is a collective, so unequal counts would hang. 3 prompts x 4 samples
+    over 2 ranks gives each rank a different share."""
+    cfg, summary, m = one_step(tmp_path, 8143, "trainer.zero_stage=3", "pipeline.prompts.prompts_per_step=3",
+                               preset="sd_is")
+    assert cfg.trainer.num_workers == 2 and summary["engine_versions"] == [1]
+    assert math.isfinite(m["loss"]) and m["examples_sd"] > 0
+
+
+def test_a_failing_critic_stops_the_run_with_its_error(shared_ray, tmp_path, tiny_path):
+    """Every critique request fails (nothing listens on the port): the run must stop with
+    the critic's error instead of silently training single-turn GRPO."""
+    import socket
+
+    from rltf_ray.stages.critique import CriticFailure
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(CriticFailure, match=r"step 0: \d+ of \d+ critique requests .* failed.*first error"):
+        one_step(tmp_path, 8144, "pipeline.critic.critic=openai", f"pipeline.critic.base_url=http://127.0.0.1:{port}/v1",
+                 "pipeline.critic.model=m", "pipeline.critic.retries=0", "pipeline.critic.timeout_s=5")
+    assert not (tmp_path / "checkpoints" / "step_1").exists()
 
 
 def test_three_turns_run_two_critique_rounds(shared_ray, tmp_path, tiny_path):
-    cfg = load_config("pipelines/configs/tiny.yaml",
-                      [f"run.output_dir={tmp_path}", "run.steps=1", "run.eval_before_after=false",
-                       "run.serve_http_port=8142", "run.turns=3", "loss.lambda_sd=0.1"], preset="grpo_multi")
-    Pipeline(cfg).run()
-    m = json.loads((tmp_path / "metrics.jsonl").read_text())
+    cfg, _, m = one_step(tmp_path, 8142, "run.turns=3", "loss.lambda_sd=0.1", preset="grpo_multi")
     import pyarrow.parquet as pq
 
     rows = pq.read_table(tmp_path / "rollouts" / "step_0.parquet").to_pylist()
@@ -71,12 +107,8 @@ def test_three_turns_run_two_critique_rounds(shared_ray, tmp_path, tiny_path):
 
 @pytest.mark.parametrize("task", ["knights_knaves", "binary_matrix", "shortest_path"])
 def test_puzzle_task_runs_one_step(task, shared_ray, tmp_path, tiny_path):
-    cfg = load_config("pipelines/configs/tiny.yaml",
-                      [f"run.output_dir={tmp_path}", "run.steps=1", "run.eval_before_after=false",
-                       "run.serve_http_port=8141", f"task.name={task}", "task.params={level: easy}",
-                       "engine.max_model_len=2048", "pipeline.prompts.prompts_per_step=2"])
-    Pipeline(cfg).run()
-    m = json.loads((tmp_path / "metrics.jsonl").read_text())
+    _, _, m = one_step(tmp_path, 8141, f"task.name={task}", "task.params={level: easy}",
+                       "engine.max_model_len=2048", "pipeline.prompts.prompts_per_step=2")
     assert m["rows"] == 8 and m["policy_version"] == 1 and m["critique_failed"] == 0
     import pyarrow.parquet as pq
 

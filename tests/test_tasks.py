@@ -93,3 +93,25 @@ def test_math_task_file_errors(tmp_path):
     bad.write_text('{"problem": "1+1"}\n')
     with pytest.raises(ConfigError, match=":1: need 'problem'"):
         get_task(TaskConfig(name="math", params={"path": str(bad)}))
+
+
+def test_math_verifier_works_off_the_main_thread():
+    import threading
+
+    t = get_task(TaskConfig(name="math"))
+    meta = {"question": "q", "answer": "\\frac{1}{2}"}
+    got = {}
+    th = threading.Thread(target=lambda: got.update(ok=t.score("\\boxed{0.5}", meta).correct,
+                                                   bad=t.score("\\boxed{2}", meta).correct))
+    th.start()
+    th.join(60)
+    assert got == {"ok": True, "bad": False}
+
+
+def test_held_out_rows_are_distinct_problems():
+    small = task(params={"min_digits": 1, "max_digits": 1, "ops": ["+"]})  # 100 possible problems
+    rows = small.held_out(150)
+    assert 0 < len(rows) <= 100 and len({r["prompt"] for r in rows}) == len(rows)
+    assert len(task().held_out(64)) == 64
+    math_rows = get_task(TaskConfig(name="math")).held_out(64)
+    assert len(math_rows) == 10 and len({r["prompt"] for r in math_rows}) == 10  # the holdout size

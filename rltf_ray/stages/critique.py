@@ -163,6 +163,24 @@ def score_texts(task, p: CritiqueParams, rows: list[dict], texts: list[str], whi
             for i, (res, err) in _ask_critic(p, rows, texts, which).items()}
 
 
+class CriticFailure(RuntimeError):
+    pass
+
+
+def check_critique_failures(rows: list[dict], p: CritiqueParams, rounds: int, step: int) -> None:
+    """Stop the run when more than `p.max_failed_fraction` of a step's critique requests failed
+    after their retries; the error carries the critic's own message."""
+    failed = [r[round_col("critique_error", k)] for k in range(1, rounds + 1) for r in rows
+              if r.get(round_col("critique_failed", k))]
+    answered = sum(bool(r.get(round_col("revised", k))) for k in range(1, rounds + 1) for r in rows)
+    asked = len(failed) + answered
+    if failed and len(failed) / asked > p.max_failed_fraction:
+        raise CriticFailure(
+            f"step {step}: {len(failed)} of {asked} critique requests to '{p.app_name}' failed after "
+            f"{p.retries} retries (more than max_failed_fraction={p.max_failed_fraction}); first "
+            f"error: {failed[0]}. Without critiques the run would silently be single-turn RL.")
+
+
 def make_critique(task_cfg: TaskConfig, p: CritiqueParams, turns: int = 2):
     """Round k: critique c_{k-1} of the attempt y_{k-1} (and, in round 1, its reward r0).
 

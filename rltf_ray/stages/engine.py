@@ -51,8 +51,12 @@ class PolicyEngine:
             from vllm import LLM
         except ImportError as e:  # never swap engines silently
             raise RuntimeError(_install_hint()) from e
+        # processed_logprobs: the returned log-prob of a sampled token is taken after
+        # temperature (and top-p/top-k), i.e. under the distribution that drew it -- the
+        # behaviour policy the trainer's ratio needs. vLLM's default is the raw T=1 one.
         kwargs = dict(model=model_path, dtype=dtype, enforce_eager=cfg.enforce_eager,
-                      max_model_len=cfg.max_model_len, seed=seed)
+                      max_model_len=cfg.max_model_len, seed=seed,
+                      logprobs_mode="processed_logprobs")
         if use_gpu:
             kwargs["worker_extension_cls"] = "rltf_ray.weight_sync.nccl.EngineWorkerExtension"
             kwargs["gpu_memory_utilization"] = 0.5

@@ -55,6 +55,24 @@ class Task(ABC):
             yield {"prompt_id": f"{split}-{i}", "prompt": self.prompt_text(meta),
                    "meta": json.dumps(meta, sort_keys=True)}
 
+    # Distinct problems in the test split; None: a generator with (practically) no limit.
+    test_size: int | None = None
+
+    def held_out(self, n: int) -> list[dict]:
+        """Up to `n` held-out rows, each a distinct problem (by prompt text): fewer when the
+        test split is smaller, so an evaluation never counts one problem twice."""
+        limit = n if self.test_size is None else min(n, self.test_size)
+        seen: set[str] = set()
+        out: list[dict] = []
+        for i in range(limit * 20 + 100):  # a small generator space repeats; stop eventually
+            if len(out) == limit:
+                break
+            row = next(self.rows("test", i, 1))
+            if row["prompt"] not in seen:
+                seen.add(row["prompt"])
+                out.append(row)
+        return out
+
     # -- scoring ----------------------------------------------------------------------
     def extract(self, text: str) -> tuple[str | None, bool]:
         """(answer or None, format_ok). format_ok means the answer tag was used."""
@@ -131,6 +149,10 @@ class FileTask(Task):
     @abstractmethod
     def parse_row(self, row: dict) -> dict | None:
         """The problem's meta, or None if the row does not fit `row_schema`."""
+
+    @property
+    def test_size(self) -> int:
+        return self.holdout
 
     def make_problem(self, index: int, split: str) -> dict:
         train = len(self.problems) - self.holdout

@@ -2,12 +2,35 @@
 math-verify checking. Without `params.path`, the project's own 50-problem set is used."""
 from __future__ import annotations
 
+import concurrent.futures
+import logging
+import threading
 from pathlib import Path
 
 from rltf_ray.config import ConfigError
 from rltf_ray.tasks.base import LAST_NUMBER, FileTask, register_task
 
 BUILTIN = Path(__file__).parent / "data" / "math_small.jsonl"
+_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _verify(gold: str, answer: str) -> bool:
+    from math_verify import parse, verify
+
+    # The library's own timeouts use signal.alarm, which only works on the main thread; Ray
+    # Serve runs user code on worker threads. Off here; `MathTask.check` bounds the time.
+    g = parse(f"\\boxed{{{gold}}}", parsing_timeout=None)
+    return bool(verify(g, parse(f"\\boxed{{{answer}}}", parsing_timeout=None), timeout_seconds=None))
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled" per call
+            _POOL = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="math-verify")
+        return _POOL
 
 
 def last_boxed(text: str) -> str | None:
@@ -29,6 +52,14 @@ class MathTask(FileTask):
 
     builtin = BUILTIN
     row_schema = "need 'problem' (string) and 'answer'"
+    extra_params = ("verify_timeout_s",)
+    verify_timeout_s = 10.0
+    timeouts = 0  # answers judged wrong because the verifier ran out of time
+
+    def configure(self, params: dict) -> None:
+        self.verify_timeout_s = float(params.get("verify_timeout_s", self.verify_timeout_s))
+        if self.verify_timeout_s <= 0:
+            raise ConfigError("task.params.verify_timeout_s: must be > 0")
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -53,10 +84,17 @@ class MathTask(FileTask):
         return (nums[-1].replace(",", "") if nums else None), False
 
     def check(self, answer: str, meta: dict) -> bool:
-        from math_verify import parse, verify
-
-        gold = parse(f"\\boxed{{{meta['answer']}}}")
-        return bool(verify(gold, parse(f"\\boxed{{{answer}}}")))
+        """math-verify equivalence, safe on any thread. An answer the verifier cannot settle
+        within `verify_timeout_s` counts as wrong (sympy can run for minutes on hostile input);
+        its thread is left to finish in the background and the case is counted."""
+        fut = _pool().submit(_verify, str(meta["answer"]), answer)
+        try:
+            return fut.result(timeout=self.verify_timeout_s)
+        except concurrent.futures.TimeoutError:
+            self.timeouts += 1
+            logging.getLogger(__name__).warning("math verifier timed out after %.0fs on %r",
+                                                self.verify_timeout_s, answer[:200])
+            return False
 
     def critique(self, text: str, meta: dict) -> str:
         # A verifier cannot explain a math error; explanations are the LLM judge's job.

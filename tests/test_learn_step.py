@@ -1,0 +1,93 @@
+"""The trainer's `learn_step` with a real DeepSpeed engine (ZeRO-2, one gloo rank, no Ray):
+an unscored revision does not poison the step, and a non-finite loss stops the step before
+the optimizer moves the weights."""
+import math
+import os
+import socket
+
+import pytest
+import torch
+
+from rltf_ray.config import Config, LossConfig, TrainerConfig
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_path):
+    import deepspeed
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from rltf_ray.trainer import deepspeed_config
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+                      LOCAL_RANK="0")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    cfg = Config(trainer=TrainerConfig(zero_stage=2, bf16=False, lr=1e-3, micro_batch_size=4))
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    optim = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr)
+    eng, *_ = deepspeed.initialize(model=model, optimizer=optim, config=deepspeed_config(cfg),
+                                   dist_init_required=False)
+    yield eng
+    dist.destroy_process_group()
+
+
+def rows(r1_second=0.0, behav=-2.0):
+    """One group of three: a right first answer, and two wrong ones that were revised."""
+    base = dict(prompt_id="p", prompt="What is 1 + 2?", prompt_ids=[1, 5, 9, 13], critique="too low",
+                critique_failed=False, revision_prompt_ids=[1, 5, 9, 13, 20, 21, 22])
+    return [dict(base, response="a", response_ids=[17, 18], response_logprobs=[behav, behav],
+                 reward_first=1.0, revised=False, revision_ids=[], revision_logprobs=[],
+                 reward_second=1.0, correct_second=True),
+            dict(base, response="b", response_ids=[19], response_logprobs=[behav], reward_first=0.0,
+                 revised=True, revision_ids=[23, 24], revision_logprobs=[behav, behav], reward_second=1.0,
+                 correct_second=True),
+            dict(base, response="c", response_ids=[25, 26], response_logprobs=[behav, behav],
+                 reward_first=0.0, revised=True, revision_ids=[27], revision_logprobs=[behav],
+                 reward_second=r1_second, correct_second=False)]
+
+
+def weights(engine) -> torch.Tensor:
+    return torch.cat([p.detach().flatten().clone() for p in engine.module.parameters()])
+
+
+def test_an_unscored_revision_is_left_out_and_the_step_trains(engine, tiny_tokenizer):
+    from rltf_ray.trainer import learn_step
+
+    cfg = Config(loss=LossConfig(lambda_fm=0.1), trainer=TrainerConfig(micro_batch_size=4))
+    before = weights(engine)
+    m = learn_step(engine, None, rows(r1_second=float("nan")), cfg, tiny_tokenizer, 0, 0, 0, 1)
+    assert m["unscored_rows"] == 1 and m["examples_rl0"] == 2 and m["examples_sd"] == 1
+    assert all(math.isfinite(m[k]) for k in ("loss", "loss_rl0", "loss_rl1", "loss_sd", "loss_fm"))
+    assert not torch.equal(before, weights(engine))  # the optimizer stepped
+    # the trainer-vs-sampler monitor: the sampler "said" -2 for every token
+    assert m["logprob_abs_diff_mean"] > 0 and m["logprob_abs_diff_max"] >= m["logprob_abs_diff_mean"]
+    # rl0 of the two scored rows (2 + 1 tokens); the lone revision is its own turn-1 baseline (A = 0)
+    assert m["sampler_trainer_kl"] >= 0 and m["rl_tokens_trained"] == 3
+
+
+def test_a_non_finite_loss_stops_the_step_before_the_optimizer(engine, tiny_tokenizer):
+    from rltf_ray.trainer import NonFiniteLoss, learn_step
+
+    cfg = Config(trainer=TrainerConfig(micro_batch_size=4))
+    before = weights(engine)
+    with pytest.raises(NonFiniteLoss, match="step 3: the loss is nan"):
+        learn_step(engine, None, rows(behav=float("nan")), cfg, tiny_tokenizer, 0, 3, 0, 1)
+    assert torch.equal(before, weights(engine))  # no optimizer step on a broken loss
+    engine.zero_grad()
+
+
+def test_the_mismatch_is_reported_when_no_rl_sequence_is_trained(engine, tiny_tokenizer):
+    from rltf_ray.trainer import learn_step
+
+    same = rows()
+    for r in same:  # every reward equal: all advantages 0, nothing trained
+        r.update(reward_first=0.0, reward_second=0.0, revised=True, revision_ids=[30],
+                 revision_logprobs=[-2.0])
+    m = learn_step(engine, None, same, Config(trainer=TrainerConfig(micro_batch_size=4)), tiny_tokenizer,
+                   0, 0, 0, 1)
+    assert m["rl_tokens_trained"] == 0 and m["mismatch_tokens"] > 0
+    assert m["logprob_abs_diff_mean"] > 0 and m["sampler_trainer_kl"] > 0
