@@ -59,10 +59,9 @@ def main(argv=None) -> int:
     summary = run(cfg)
     b, a = summary.get("before"), summary.get("after")
     if b and a:
-        se = lambda p: (p * (1 - p) / max(b["n"], 1)) ** 0.5  # noqa: E731
-        print(f"\nheld-out first-turn accuracy (greedy, {b['n']} distinct problems, no feedback): "
-              f"before {b['accuracy']:.3f} ± {se(b['accuracy']):.3f} -> after {a['accuracy']:.3f} "
-              f"± {se(a['accuracy']):.3f} (± one standard error)")
+        from rltf_ray.metrics import eval_line
+
+        print(f"\nheld-out, before: {eval_line(b)}\nheld-out, after:  {eval_line(a)}")
     print(f"outputs: {summary['output_dir']}")
     return 0
 

@@ -38,7 +38,6 @@ class TaskConfig:
     extraction: str = "tag"
     format_weight: float = 0.1
     params: dict = field(default_factory=dict)
-    eval_prompts: int = 64
 
 
 @dataclass(frozen=True)
@@ -125,6 +124,89 @@ class TrainerConfig:
     weight_sync: str = "object_store"
 
 
+DEFAULT_CRITIC_PROMPT = (
+    "You are a critic. Read the question and a student's attempt. Explain specifically what is "
+    "wrong in the attempt and how to fix it, without giving the final answer. End with exactly "
+    "one line: 'Your previous attempt was correct.' or 'Your previous attempt was incorrect.'")
+
+
+@dataclass(frozen=True)
+class BinacConfig:
+    """Bi-NAC: a learned critic (critique node `critic: learned`) trained so that its
+    critiques raise the actor's reward, alongside the actor (docs/objectives.md)."""
+
+    # The critic's own HF folder; None = a copy of the actor's base model.
+    critic_model: str | None = None
+    prompt: str = DEFAULT_CRITIC_PROMPT  # the critic's system message
+    verdict_aware: bool = True  # the critic is told the verifier's verdict r0
+    critiques_per_attempt: int = 2  # K: the critic's GRPO group is the K critiques of one attempt
+    revisions_per_critique: int = 1  # M: revisions whose rewards are averaged per critique
+    temperature: float = 1.0
+    max_tokens: int = 96
+    num_engines: int = 1
+    # The critic's reward for a critique c of attempt y0: improvement r1 - r0, or outcome r1;
+    # plus verdict_bonus when its verdict line agrees with the verifier; format_penalty
+    # (instead of the rest) when it has no verdict line.
+    critic_reward: str = "improvement"
+    verdict_bonus: float = 0.0
+    format_penalty: float = -1.0
+    critique_correct: bool = False  # also critique (for the critic only) correct first answers
+    # Schedule: a cycle of max(actor_steps, critic_steps) RL steps; the actor trains on its
+    # first actor_steps, the critic on its last critic_steps (1:1 = both every step;
+    # critic_steps 0 = a frozen critic, the fixed_critic baseline).
+    actor_steps: int = 5
+    critic_steps: int = 1
+    lr: float = 1e-5
+    zero_stage: int | None = None  # None: the trainer's
+
+    def __post_init__(self):
+        if self.critic_reward not in ("improvement", "outcome"):
+            raise ConfigError(f"binac.critic_reward: expected improvement or outcome, got {self.critic_reward!r}")
+        if self.critiques_per_attempt < 1 or self.revisions_per_critique < 1 or self.num_engines < 1:
+            raise ConfigError("binac.critiques_per_attempt, revisions_per_critique and num_engines: must be >= 1")
+        if self.actor_steps < 1 or self.critic_steps < 0:
+            raise ConfigError("binac.actor_steps must be >= 1 and binac.critic_steps >= 0")
+
+    @property
+    def cycle(self) -> int:
+        return max(self.actor_steps, self.critic_steps)
+
+    def actor_trains(self, step: int) -> bool:
+        return step % self.cycle < self.actor_steps
+
+    def critic_trains(self, step: int) -> bool:
+        return step % self.cycle >= self.cycle - self.critic_steps
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation (rltf_ray/evaluation.py): before and after training, every
+    `run.eval_every` steps, and by pipelines/eval.py."""
+
+    prompts: int = 64  # distinct held-out problems (at most the task's test split)
+    greedy: bool = True  # single-turn accuracy at temperature 0
+    pass_k: list = field(default_factory=list)  # sampled pass@k, e.g. [1, 4, 8]; [] = off
+    samples: int = 8  # samples per problem for pass@k (>= the largest k)
+    temperature: float | None = None  # for pass@k; None = the first turn's temperature
+    feedback_rounds: int = 0  # the task's critic in the loop: accuracy after each round
+    self_feedback_rounds: int = 0  # the model's own FM critique, then a revision
+    critique_max_tokens: int = 128  # for self-feedback critiques
+    # The measures run every `run.eval_every` steps: "greedy" (cheap) or "all" of the above.
+    during_training: str = "greedy"
+
+    def __post_init__(self):
+        if self.prompts < 1:
+            raise ConfigError("eval.prompts: must be >= 1")
+        if not isinstance(self.pass_k, list) or not all(isinstance(k, int) and 1 <= k <= self.samples
+                                                         for k in self.pass_k):
+            raise ConfigError(f"eval.pass_k: a list of ints in 1..eval.samples ({self.samples}), "
+                              f"got {self.pass_k!r}")
+        if self.feedback_rounds < 0 or self.self_feedback_rounds < 0:
+            raise ConfigError("eval.feedback_rounds and eval.self_feedback_rounds: must be >= 0")
+        if self.during_training not in ("greedy", "all"):
+            raise ConfigError(f"eval.during_training: expected greedy or all, got {self.during_training!r}")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     steps: int = 2
@@ -132,6 +214,8 @@ class RunConfig:
     output_dir: str = "outputs/run"
     checkpoint_every: int = 0
     eval_before_after: bool = True
+    # Held-out evaluation every this many steps (0 = off), written into metrics.jsonl.
+    eval_every: int = 0
     # Logical CPUs for an embedded (in-process) Ray; None = max(8, os.cpu_count()).
     local_num_cpus: int | None = None
     serve_http_port: int = 8000
@@ -144,6 +228,8 @@ class RunConfig:
             raise ConfigError(f"run.turns: must be >= 1, got {self.turns}")
         if self.steps < 1:
             raise ConfigError("run.steps: must be >= 1")
+        if self.eval_every < 0:
+            raise ConfigError("run.eval_every: must be >= 0")
 
     @property
     def rounds(self) -> int:
@@ -177,6 +263,8 @@ class Config:
     loss: LossConfig = field(default_factory=LossConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    binac: BinacConfig = field(default_factory=BinacConfig)
     pipeline: tuple[NodeSpec, ...] = DEFAULT_PIPELINE
 
     def node(self, kind: str) -> NodeSpec:
@@ -302,7 +390,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: typing.Sequenc
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: top level must be a mapping")
         data = loaded
-    preset = preset or data.pop("preset", None)
+    file_preset = data.pop("preset", None)  # --preset wins over the config's own
+    preset = preset or file_preset
     if preset:
         preset_file = PRESET_DIR / f"{preset}.yaml"
         if not preset_file.is_file():
@@ -310,9 +399,17 @@ def load_config(path: str | os.PathLike | None = None, overrides: typing.Sequenc
             raise ConfigError(f"unknown preset '{preset}' (known: {known})")
         preset_data = yaml.safe_load(preset_file.read_text()) or {}
         preset_data.pop("description", None)
+        node_defaults = preset_data.pop("node_params", {})
         data = _merge(preset_data, data)
+    else:
+        node_defaults = {}
     for o in overrides:
         apply_override(data, o)
+    if node_defaults:  # a preset's node params fill what the config and overrides left unset
+        nodes = data.setdefault("pipeline", [dataclasses.asdict(n) for n in DEFAULT_PIPELINE])
+        for n in nodes:
+            if isinstance(n, dict) and n.get("kind") in node_defaults:
+                n["params"] = {**node_defaults[n["kind"]], **(n.get("params") or {})}
     from rltf_ray.graph import expand_rounds, validate  # the graph owns node kinds and columns
 
     cfg = expand_rounds(_build(Config, data, ""))

@@ -74,7 +74,7 @@ class CritiqueParams:
         check_round(self.round)
         if not 0.0 <= self.max_failed_fraction <= 1.0:
             raise ConfigError(f"max_failed_fraction: must be in [0, 1], got {self.max_failed_fraction}")
-        critics = ("programmatic", "correctness_only", "llm_judge", "openai")
+        critics = ("programmatic", "correctness_only", "llm_judge", "openai", "learned")
         if self.critic not in critics:
             raise ConfigError(f"critic: unknown critic {self.critic!r} (known: {', '.join(critics)})")
         if self.critic == "openai" and not (self.base_url and self.model):
@@ -110,6 +110,15 @@ class TrainParams:
     pass
 
 
+# The learned critic's (Bi-NAC) columns, round 1 only: its K critiques of the attempt, the
+# K x M revisions made with them, and their rewards. Empty for the other critics.
+CRITIC_CRITIQUE = ("critic_version", "critic_prompt_ids", "critic_critiques", "critic_critique_ids",
+                   "critic_critique_logprobs", "critic_verdicts", "critic_format_ok")
+CRITIC_REVISE = ("critic_revisions",)
+CRITIC_REWARD = ("critic_revision_rewards",)
+CRITIC_COLUMNS = CRITIC_CRITIQUE + CRITIC_REVISE + CRITIC_REWARD
+
+
 @dataclass(frozen=True)
 class NodeKind:
     reads: tuple[str, ...]
@@ -126,14 +135,16 @@ KINDS: dict[str, NodeKind] = {
                          "first turn: N vLLM samples per prompt"),
     "critique": NodeKind(("prompt", "response", "meta"),
                          ("reward_first", "correct_first", "format_first", "critique",
-                          "critique_failed", "critique_error", "critic_disagrees", "revised"),
-                         CritiqueParams,
+                          "critique_failed", "critique_error", "critic_disagrees", "revised",
+                          *CRITIC_CRITIQUE), CritiqueParams,
                          "reward r0 and critique c0 from the Serve critic"),
     "revise": NodeKind(("prompt", "response", "critique", "revised"),
-                       ("revision_prompt_ids", "revision", "revision_ids", "revision_logprobs"),
+                       ("revision_prompt_ids", "revision", "revision_ids", "revision_logprobs",
+                        *CRITIC_REVISE),
                        ReviseParams, "second turn: one revision y1 from x1=[x0,y0,c0]"),
     "reward": NodeKind(("revision", "revised", "meta", "reward_first"),
-                       ("reward_second", "correct_second", "format_second", "reward_failed"),
+                       ("reward_second", "correct_second", "format_second", "reward_failed",
+                        *CRITIC_REWARD),
                        RewardParams, "score the revision (task verifier, or the critic's verdict)"),
     "train": NodeKind(("prompt_id", "prompt", "prompt_ids", "response", "response_ids",
                        "reward_first", "critique", "revision_ids", "reward_second"), (),
@@ -166,7 +177,7 @@ def columns(kind: str, k: int = 1) -> tuple[tuple[str, ...], tuple[str, ...]]:
     spec = KINDS[kind]
     if k == 1 or kind not in ROUND_KINDS:
         return spec.reads, spec.writes
-    writes = tuple(round_col(c, k) for c in spec.writes if c not in FIRST_TURN_SCORE)
+    writes = tuple(round_col(c, k) for c in spec.writes if c not in FIRST_TURN_SCORE + CRITIC_COLUMNS)
     earlier = [c for kd in ROUND_KINDS[:ROUND_KINDS.index(kind)] for c in columns(kd, k)[1]]
     previous = [round_col(c, k - 1) for c in ("revised", "revision", "reward_second", "correct_second")]
     return ("prompt", "meta", *previous, *earlier), writes
@@ -267,6 +278,12 @@ def validate(cfg: Config) -> list[NodeSpec]:
     if not task_has_verifier(cfg.task.name) and critic not in ("llm_judge", "openai"):
         raise ConfigError(f"task '{cfg.task.name}' has no verifier: its rewards come from the "
                           f"critic's score, so use critic llm_judge or openai (got '{critic}')")
+    if critic == "learned":
+        if cfg.run.turns != 2:
+            raise ConfigError(f"critic 'learned' (Bi-NAC) runs two-turn episodes; got run.turns={cfg.run.turns}")
+        if not task_has_verifier(cfg.task.name):
+            raise ConfigError(f"critic 'learned' needs a task with a verifier to reward its critiques; "
+                              f"'{cfg.task.name}' has none")
     for n in order:
         if n.kind != "source" and len(n.inputs) != 1:
             raise ConfigError(f"pipeline node '{n.name}': the executor runs chains; give exactly "

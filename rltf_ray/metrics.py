@@ -1,10 +1,9 @@
-"""Step metrics from rollout tables, the per-step progress line, and held-out evaluation."""
+"""Step metrics from rollout tables and the per-step progress line."""
 from __future__ import annotations
 
 import math
 
 import pyarrow as pa
-import ray
 
 from rltf_ray.config import RunConfig
 from rltf_ray.graph import round_col
@@ -16,7 +15,23 @@ def _mean(xs) -> float:
     return float(sum(xs) / len(xs)) if xs else 0.0
 
 
-def rollout_metrics(table: pa.Table, run: RunConfig = RunConfig()) -> dict:
+def critic_metrics(rows: list[dict], b) -> dict:
+    """The learned critic's step: its mean reward, how many critiques kept the format, agree
+    with the verifier's verdict, their length, and the version that wrote them."""
+    from rltf_ray.objectives import critic_row_rewards
+
+    rows = [r for r in rows if r.get("critic_critiques")]
+    rewards = [x for r in rows for x in critic_row_rewards(r, b)]
+    fmt = [f for r in rows for f in r["critic_format_ok"]]
+    agree = [v == r["correct_first"] for r in rows for v in r["critic_verdicts"] if v is not None]
+    return {"critic_reward_mean": _mean(rewards), "critic_format_ok": _mean(fmt),
+            "critic_verdict_agreement": _mean(agree) if agree else None,
+            "critique_tokens_mean": _mean(len(ids) for r in rows for ids in r["critic_critique_ids"]),
+            "critiques": len(fmt),
+            "critic_version_rollout": min((r["critic_version"] for r in rows), default=-1)}
+
+
+def rollout_metrics(table: pa.Table, run: RunConfig = RunConfig(), binac=None) -> dict:
     c = {name: table.column(name).to_pylist() for name in table.column_names}
     rounds = run.rounds
     revised = [i for i, r in enumerate(c["revised"]) if r]
@@ -52,12 +67,18 @@ def rollout_metrics(table: pa.Table, run: RunConfig = RunConfig()) -> dict:
         out[f"turn_{k}_accuracy"] = _mean(c[round_col("correct_second", k)])
         out[f"revised_rows_{k}"] = int(sum(c[round_col("revised", k)]))
     out["final_accuracy"] = _mean(c[round_col("correct_second", rounds)]) if run.turns > 1 else acc1
+    if binac is not None:
+        out.update(critic_metrics(table.to_pylist(), binac))
     return out
 
 
 def step_line(m: dict, total: int) -> str:
-    return (f"step {m['step'] + 1}/{total} v{m['policy_version']} | loss {m['loss']:+.4f} "
-            f"(grpo {m['loss_grpo']:+.4f} sd {m['loss_sd']:+.4f} fm {m['loss_fm']:.4f}) | "
+    loss = (f"loss {m['loss']:+.4f} (grpo {m['loss_grpo']:+.4f} sd {m['loss_sd']:+.4f} fm {m['loss_fm']:.4f})"
+            if "loss" in m else "actor idle")
+    if "critic_version" in m:
+        loss += (f" | critic v{m['critic_version']} reward {m['critic_reward_mean']:+.3f}"
+                 + (f" loss {m['loss_critic']:+.4f}" if "loss_critic" in m else ""))
+    return (f"step {m['step'] + 1}/{total} v{m['policy_version']} | {loss} | "
             f"acc1 {m['first_turn_accuracy']:.3f} acc2 {m['second_turn_accuracy']:.3f} "
             + (f"final {m['final_accuracy']:.3f} " if "turn_2_accuracy" in m else "") +
             f"r0 {m['reward_first_mean']:+.3f} r1 {m['reward_second_mean']:+.3f} | "
@@ -66,26 +87,13 @@ def step_line(m: dict, total: int) -> str:
             f"sync {m['seconds_sync']:.2f})")
 
 
-def evaluate(engines: list, model_path: str, task, n: int, max_tokens: int, score) -> dict:
-    """Greedy first-turn accuracy on distinct problems of the task's held-out split, with no
-    feedback (`n` in the result is the distinct count, at most the split's size).
-
-    `score(rows, texts)` gives (reward, correct, format_ok) per text: the verifier, or the
-    critic for a task without one (then "accuracy" is the pass rate at its pass score)."""
-    from rltf_ray.chat import encode, first_turn_messages, load_tokenizer
-
-    tok = load_tokenizer(model_path)
-    rows = task.held_out(n)
-    prompts = [encode(tok, first_turn_messages(r["prompt"])) for r in rows]
-    shards = [prompts[i::len(engines)] for i in range(len(engines))]
-    outs = ray.get([e.generate.remote(s, n=1, temperature=0.0, top_p=1.0, max_tokens=max_tokens)
-                    for e, s in zip(engines, shards) if s])
-    texts: list[str] = [""] * len(rows)
-    for k, res in enumerate(outs):
-        for j, group in enumerate(res["outputs"]):
-            texts[k + j * len(engines)] = group[0].text
-    scores = score(rows, texts)
-    return {"n": len(rows), "requested": n, "accuracy": _mean(s[1] for s in scores),
-            "reward_mean": _mean(s[0] for s in scores), "format_rate": _mean(s[2] for s in scores),
-            "unscored": sum(not math.isfinite(s[0]) for s in scores),
-            "version": int(outs[0]["version"]), "samples": texts[:3]}
+def eval_line(e: dict) -> str:
+    """One held-out evaluation as a log line (each number ± one standard error)."""
+    parts = []
+    if "greedy_accuracy" in e:
+        parts.append(f"greedy first-turn accuracy {e['greedy_accuracy']:.3f} ± {e['greedy_accuracy_se']:.3f}")
+    parts += [f"{k} {e[k]:.3f} ± {e[k + '_se']:.3f}" for k in e
+              if (k.startswith("pass@") or "feedback_accuracy_" in k) and not k.endswith("_se")]
+    short = e["problems"] < e.get("requested", e["problems"])
+    return (", ".join(parts) + f" on {e['problems']} distinct held-out problems"
+            + (f" (the test split has only {e['problems']} of the {e['requested']} asked for)" if short else ""))

@@ -130,6 +130,55 @@ def build_examples(rows: list[dict], cfg: Config, tokenizer) -> tuple[list[Examp
     return out, stats
 
 
+# -- Bi-NAC: the learned critic's rewards and examples ----------------------------------------
+
+def critic_rewards(r0: float, correct0: bool, revision_rewards: list[float], verdicts: list,
+                   format_ok: list[bool], b) -> list[float]:
+    """The reward of each of the K critiques of one attempt y0 (reward r0, verdict correct0):
+    `improvement` mean_m r1_km - r0, or `outcome` mean_m r1_km, over its M revisions; plus
+    `verdict_bonus` when its verdict line agrees with the verifier; `format_penalty` instead
+    of all that when it has no verdict line."""
+    k_n = len(format_ok)
+    m = len(revision_rewards) // k_n if k_n else 0
+    out = []
+    for k in range(k_n):
+        if not format_ok[k]:
+            out.append(b.format_penalty)
+            continue
+        r1 = sum(revision_rewards[k * m:(k + 1) * m]) / m
+        r = r1 - r0 if b.critic_reward == "improvement" else r1
+        out.append(r + (b.verdict_bonus if verdicts[k] == correct0 else 0.0))
+    return out
+
+
+def critic_row_rewards(row: dict, b) -> list[float]:
+    """`critic_rewards` of a rollout row the learned critic critiqued ([] otherwise)."""
+    if not row.get("critic_critiques") or not row.get("critic_revision_rewards"):
+        return []
+    return critic_rewards(float(row["reward_first"]), bool(row["correct_first"]), row["critic_revision_rewards"],
+                          row["critic_verdicts"], row["critic_format_ok"], b)
+
+
+def build_critic_examples(rows: list[dict], cfg: Config) -> tuple[list[Example], dict]:
+    """GRPO examples for the critic: each of the K critiques of one attempt, on
+    (critic prompt, critique), with its reward centred on the K critiques of that attempt,
+    at the critic's sampling temperature and against its sampler's log-probs."""
+    b = cfg.binac
+    out: list[Example] = []
+    for r in rows:
+        rewards = critic_row_rewards(r, b)
+        if not rewards or not all(math.isfinite(x) for x in rewards):
+            continue
+        rw = torch.tensor(rewards)
+        adv = losses.normalize_advantages(rw - rw.mean(), torch.zeros(len(rw), dtype=torch.long),
+                                          cfg.loss.adv_norm)
+        x = list(r["critic_prompt_ids"])
+        for a, ids, lps in zip(adv.tolist(), r["critic_critique_ids"], r["critic_critique_logprobs"]):
+            out.append(Example(x + list(ids), len(x), "rl0", a, b.temperature,
+                               [float(v) for v in lps]))
+    return out, {"examples_critic": len(out)}
+
+
 def _abs_mean(xs: list[torch.Tensor]) -> float:
     return float(torch.stack(xs).abs().mean()) if xs else 0.0
 

@@ -50,25 +50,46 @@ class Pipeline:
         self.order = validate(cfg)
         self.model_path = resolve_model(cfg.model.path)
         self.task = get_task(cfg.task)
-        self.source = PromptSource(self.task, node_params(cfg.node("source")), cfg.run.steps)
+        self.source = PromptSource(self.task, node_params(cfg.node("source")), cfg.run.steps, cfg.run.seed)
         self.out = Path(cfg.run.output_dir).resolve()
         self.use_gpu = cfg.trainer.weight_sync == "nccl"
         self.dtype = resolve_dtype(cfg.model.dtype, self.use_gpu)
 
     # -- resources --------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, train: bool = True) -> None:
+        """Start the critic app and the engines, and (unless `train` is false, as for
+        evaluation alone) the step broker and the learner."""
         from ray import serve
 
         from rltf_ray.stages.critique import build_critic_app
         from rltf_ray.stages.engine import start_engines
         from rltf_ray.trainer import StepBroker
 
-        (self.out / "rollouts").mkdir(parents=True, exist_ok=True)
-        (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
-        (self.out / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+        if train:
+            (self.out / "rollouts").mkdir(parents=True, exist_ok=True)
+            (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
+            (self.out / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
         self.started_ray = init_ray(self.cfg)
         crit = node_params(self.cfg.node("critique"))
         self.critic_params = crit
+        self.critic_engines: list = []
+        learned = None
+        if crit.critic == "learned":  # Bi-NAC: the critic's own engines, behind the Serve app
+            import dataclasses
+
+            from rltf_ray.stages.engine import start_engines
+
+            b = self.cfg.binac
+            self.critic_model = resolve_model(b.critic_model or self.cfg.model.path)
+            name = f"rltf-critic-engine-{uuid.uuid4().hex[:6]}"
+            t = time.perf_counter()
+            ecfg = dataclasses.replace(self.cfg.engine, num_engines=b.num_engines)
+            self.critic_engines = start_engines(self.critic_model, ecfg, self.dtype, self.cfg.run.seed + 1000,
+                                                self.use_gpu, name=name)
+            learned = {"engine_names": [f"{name}-{i}" for i in range(b.num_engines)],
+                       "model_path": self.critic_model, "binac": dataclasses.asdict(b)}
+            _log(f"learned critic: {b.num_engines} vLLM engine(s) on {self.critic_model} "
+                 f"({time.perf_counter() - t:.1f}s)")
         t = time.perf_counter()
         if crit.attach:
             if crit.app_name not in serve.status().applications:
@@ -77,7 +98,7 @@ class Pipeline:
             self.deployed_critic = False
         else:
             serve.start(http_options={"host": "127.0.0.1", "port": self.cfg.run.serve_http_port})
-            serve.run(build_critic_app(self.cfg.task, crit), name=crit.app_name,
+            serve.run(build_critic_app(self.cfg.task, crit, learned), name=crit.app_name,
                       route_prefix=f"/{crit.app_name}")
             self.deployed_critic = True
         _log(f"critic app '{crit.app_name}' ready ({time.perf_counter() - t:.1f}s)")
@@ -85,6 +106,8 @@ class Pipeline:
         self.engines = start_engines(self.model_path, self.cfg.engine, self.dtype,
                                      self.cfg.run.seed, self.use_gpu)
         _log(f"{len(self.engines)} vLLM engine(s) ready, dtype {self.dtype} ({time.perf_counter() - t:.1f}s)")
+        if not train:
+            return
         self.broker_name = f"rltf_broker_{uuid.uuid4().hex[:8]}"
         self.broker = StepBroker.options(name=self.broker_name).remote()
         self.fit_error: BaseException | None = None
@@ -102,6 +125,8 @@ class Pipeline:
                 train_loop,
                 train_loop_config={"cfg": self.cfg.to_dict(), "model_path": self.model_path,
                                    "engines": self.engines, "broker_name": self.broker_name,
+                                   "critic_engines": self.critic_engines,
+                                   "critic_model_path": getattr(self, "critic_model", None),
                                    "engine_dtype": self.dtype,
                                    "output_dir": str(self.out)},
                 scaling_config=ScalingConfig(num_workers=self.cfg.trainer.num_workers,
@@ -116,7 +141,7 @@ class Pipeline:
         import ray
         from ray import serve
 
-        for e in getattr(self, "engines", []):
+        for e in getattr(self, "engines", []) + getattr(self, "critic_engines", []):
             ray.kill(e)
         if getattr(self, "deployed_critic", False):
             serve.delete(self.critic_params.app_name)
@@ -139,9 +164,11 @@ class Pipeline:
             p = node_params(node)
             fn = {"generate": lambda: make_generate(self.engines, self.model_path, p, node.name,
                                                   self.cfg.engine.max_model_len),
-                  "critique": lambda: make_critique(self.cfg.task, p, self.cfg.run.turns),
+                  "critique": lambda: make_critique(self.cfg.task, p, self.cfg.run.turns,
+                                                    self.cfg.binac.critique_correct),
                   "revise": lambda: make_revise(self.engines, self.model_path, p, node.name,
-                                              self.cfg.engine.max_model_len),
+                                              self.cfg.engine.max_model_len,
+                                              self.cfg.binac.revisions_per_critique),
                   "reward": lambda: make_reward(self.cfg.task, p, critic)}.get(node.kind)
             if fn is None:
                 continue
@@ -166,15 +193,35 @@ class Pipeline:
                 raise RuntimeError(f"the trainer stopped before finishing step {step}: "
                                    f"{self.fit_error!r}") from self.fit_error
 
-    def evaluate(self) -> dict:
-        from rltf_ray.stages.critique import score_texts
+    def evaluator(self):
+        from rltf_ray.evaluation import Evaluator
+        from rltf_ray.stages.critique import ask_critic, score_texts
+
+        critic = self.critic_params
+        gen = node_params(self.cfg.node("generate"))
 
         def score(rows: list[dict], texts: list[str]) -> list[tuple]:
-            got = score_texts(self.task, self.critic_params, rows, texts, list(range(len(rows))))
+            got = score_texts(self.task, critic, rows, texts, list(range(len(rows))))
             return [got[i][0] for i in range(len(rows))]
 
-        return M.evaluate(self.engines, self.model_path, self.task, self.cfg.task.eval_prompts,
-                          node_params(self.cfg.node("generate")).max_tokens, score)
+        def critique(rows: list[dict], texts: list[str], which: list[int]) -> dict:
+            return {i: (res["critique"] if res else None)
+                    for i, (res, _) in ask_critic(critic, rows, texts, which).items()}
+
+        E = self.cfg.eval
+        return Evaluator(self.engines, self.model_path, self.task, score, critique,
+                         gen.temperature if E.temperature is None else E.temperature, gen.max_tokens,
+                         node_params(self.cfg.node("revise")).template, E.critique_max_tokens)
+
+    def evaluate(self, full: bool = True) -> dict:
+        """Held-out evaluation with every measure `eval` asks for (`full`), or only the
+        greedy first-turn accuracy (the cheap in-training curve)."""
+        E = self.cfg.eval
+        rows = self.task.held_out(E.prompts)
+        out = self.evaluator().run(rows, E.pass_k if full else [], E.samples,
+                                   E.feedback_rounds if full else 0, E.self_feedback_rounds if full else 0,
+                                   greedy=E.greedy or not full)
+        return {**out, "requested": E.prompts}
 
     def train(self) -> dict:
         """Evaluate, run every RL step, evaluate again; the resources must be started."""
@@ -183,38 +230,44 @@ class Pipeline:
         from rltf_ray.stages.critique import check_critique_failures
 
         summary: dict = {}
-        if self.cfg.run.eval_before_after:
+        run = self.cfg.run
+        if run.eval_before_after:
             summary["before"] = self.evaluate()
-            b = summary["before"]
-            _log(f"before training: first-turn accuracy {b['accuracy']:.3f}, mean reward "
-                 f"{b['reward_mean']:.3f} on {b['n']} distinct held-out problems (greedy, no feedback)"
-                 + (f"; the task's test split has only {b['n']} of the {b['requested']} asked for"
-                    if b["n"] < b["requested"] else ""))
+            _log("before training: " + M.eval_line(summary["before"]))
         mpath = self.out / "metrics.jsonl"
         mpath.write_text("")
-        for step in range(self.cfg.run.steps):
+        for step in range(run.steps):
             t0 = time.perf_counter()
             table = self.rollout(step)
             t_roll = time.perf_counter() - t0
             pq.write_table(table, self.out / "rollouts" / f"step_{step}.parquet")
-            if self.cfg.run.turns > 1:
-                check_critique_failures(table.to_pylist(), self.critic_params, self.cfg.run.rounds, step)
+            if run.turns > 1:
+                check_critique_failures(table.to_pylist(), self.critic_params, run.rounds, step)
             ray.get(self.broker.put_step.remote(step, [ray.put(table.to_pylist())]))
             train = self.wait_result(step)
-            row = {**M.rollout_metrics(table, self.cfg.run), **train, "seconds_rollout": t_roll,
-                   "seconds_step": time.perf_counter() - t0}
+            learned = self.critic_params.critic == "learned"
+            row = {**M.rollout_metrics(table, run, self.cfg.binac if learned else None), **train,
+                   "seconds_rollout": t_roll,
+                   "seconds_step": time.perf_counter() - t0,
+                   "samples_seen": (step + 1) * table.num_rows,
+                   "prompt_ids": list(dict.fromkeys(table.column("prompt_id").to_pylist()))}
+            if run.eval_every and (step + 1) % run.eval_every == 0:
+                t1 = time.perf_counter()
+                row["eval"] = self.evaluate(full=self.cfg.eval.during_training == "all")
+                row["seconds_eval"] = time.perf_counter() - t1
+                _log(f"eval after step {step + 1}: " + M.eval_line(row["eval"]))
             with mpath.open("a") as f:
                 f.write(json.dumps(row) + "\n")
-            _log(M.step_line(row, self.cfg.run.steps))
+            _log(M.step_line(row, run.steps))
         self.fit_thread.join(timeout=120)
         if self.fit_error is not None:
             raise RuntimeError(f"the trainer failed at the end of the run: {self.fit_error!r}")
-        if self.cfg.run.eval_before_after:
+        if run.eval_before_after:
             summary["after"] = self.evaluate()
-            a, b = summary["after"], summary["before"]
-            _log(f"after training: first-turn accuracy {a['accuracy']:.3f} (before "
-                 f"{b['accuracy']:.3f}), mean reward {a['reward_mean']:.3f} (before {b['reward_mean']:.3f})")
+            _log("after training: " + M.eval_line(summary["after"]))
         summary["engine_versions"] = ray.get([e.ready.remote() for e in self.engines])
+        if self.critic_engines:
+            summary["critic_engine_versions"] = ray.get([e.ready.remote() for e in self.critic_engines])
         summary["output_dir"] = str(self.out)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary

@@ -52,18 +52,43 @@ def read_prompt_file(path: str) -> list[dict]:
     return rows
 
 
+SEED_STRIDE = 100_000  # generator problems per seed before two seeds' streams meet
+
+
 class PromptSource:
-    def __init__(self, task: Task, params: SourceParams, steps: int):
-        self.task, self.params = task, params
+    """The step's prompts. Runs with the same `seed` see the same prompts in the same order
+    (what pipelines/compare.py relies on); another seed reads another stream: generator
+    problems from seed x 100,000 on, or a seeded permutation of a finite training split or of
+    a prompt file's rows."""
+
+    def __init__(self, task: Task, params: SourceParams, steps: int, seed: int = 0):
+        self.task, self.params, self.seed = task, params, seed
         self.file_rows = read_prompt_file(params.path) if params.path else None
         if self.file_rows is not None and len(self.file_rows) < params.prompts_per_step:
             raise ConfigError(f"source.path: {len(self.file_rows)} rows, fewer than "
                               f"prompts_per_step={params.prompts_per_step}")
+        if self.file_rows is not None and seed:
+            import random
+
+            random.Random(seed).shuffle(self.file_rows)
+
+    def _index(self, k: int) -> int:
+        """The k-th training problem of this seed's stream."""
+        size = self.task.train_size
+        if size is None:  # an unbounded generator: a disjoint stretch per seed
+            return self.seed * SEED_STRIDE + k
+        if not hasattr(self, "_order"):  # a finite split: a seeded permutation (seed 0: in order)
+            import random
+
+            self._order = list(range(size))
+            if self.seed:
+                random.Random(self.seed).shuffle(self._order)
+        return self._order[k % size]
 
     def rows_for_step(self, step: int) -> list[dict]:
         n = self.params.prompts_per_step
         if self.file_rows is None:
-            rows = list(self.task.rows("train", step * n, n))
+            rows = [next(self.task.rows("train", self._index(step * n + i), 1)) for i in range(n)]
         else:
             total = len(self.file_rows)
             rows = [self.file_rows[(step * n + i) % total] for i in range(n)]

@@ -15,8 +15,9 @@ import time
 import ray
 
 from rltf_ray.config import Config, config_from_dict
-from rltf_ray.objectives import (MAX_KEYS, RL_TERMS, SUM_KEYS, TERMS, Example, build_examples,
-                                 micro_loss, mismatch_sums, sequence_logprobs, step_normalisers)
+from rltf_ray.objectives import (MAX_KEYS, RL_TERMS, SUM_KEYS, TERMS, Example, build_critic_examples,
+                                 build_examples, micro_loss, mismatch_sums, sequence_logprobs,
+                                 step_normalisers)
 
 @ray.remote(num_cpus=0)
 class StepBroker:
@@ -144,13 +145,12 @@ def reduce_metrics(sums: dict[str, float], cfg: Config, lambda_sd: float) -> dic
     return m
 
 
-def learn_step(engine, ref_model, rows: list[dict], cfg: Config, tokenizer, pad_id: int, step: int,
-               rank: int, world: int) -> dict:
-    """One optimizer step on one RL step's rollout rows (a collective on every rank): build
-    the examples, shard them, accumulate micro-batch gradients, step; returns the metrics.
+def optimize(engine, ref_model, examples: list[Example], cfg: Config, pad_id: int, step: int,
+             rank: int, world: int) -> dict:
+    """One optimizer step of `engine` on `examples` (a collective on every rank): shard them,
+    fill the no-grad side log-probs, accumulate micro-batch gradients, check the loss, step.
     A non-finite loss raises NonFiniteLoss on every rank before the optimizer step, so the
-    weights and the policy version never advance on a broken step."""
-    examples, stats = build_examples(rows, cfg, tokenizer)
+    weights and the version never advance on a broken step."""
     norms = step_normalisers(examples, cfg)
     # zero-advantage RL/SD sequences add nothing but still count in the normalisers
     trained = [e for e in examples if e.term in ("fm", "sft") or e.adv != 0.0]
@@ -184,7 +184,37 @@ def learn_step(engine, ref_model, rows: list[dict], cfg: Config, tokenizer, pad_
                             f"({ {k: v for k, v in metrics.items() if k.startswith('loss_')} }); "
                             "the optimizer step was not taken")
     engine.step()
+    return metrics
+
+
+def learn_step(engine, ref_model, rows: list[dict], cfg: Config, tokenizer, pad_id: int, step: int,
+               rank: int, world: int) -> dict:
+    """The actor's optimizer step on one RL step's rollout rows."""
+    examples, stats = build_examples(rows, cfg, tokenizer)
+    metrics = optimize(engine, ref_model, examples, cfg, pad_id, step, rank, world)
     return {**metrics, **stats, **{f"examples_{t}": sum(e.term == t for e in examples) for t in TERMS}}
+
+
+def critic_config(cfg: Config) -> Config:
+    """The critic's loss: GRPO with the actor's surrogate, clipping and TIS options, and its
+    own learner settings (no SD/FM/SFT terms, no KL: no frozen critic reference is loaded)."""
+    import dataclasses
+
+    loss = dataclasses.replace(cfg.loss, turn1_rl=False, lambda_sd=0.0, lambda_fm=0.0, lambda_sft=0.0,
+                               kl_coef=0.0, sd_weight="none")
+    b = cfg.binac
+    trainer = dataclasses.replace(cfg.trainer, lr=b.lr,
+                                  zero_stage=cfg.trainer.zero_stage if b.zero_stage is None else b.zero_stage)
+    return dataclasses.replace(cfg, loss=loss, trainer=trainer)
+
+
+def critic_learn_step(engine, rows: list[dict], cfg: Config, pad_id: int, step: int, rank: int,
+                      world: int) -> dict:
+    """The learned critic's optimizer step: GRPO over the K critiques of each attempt."""
+    examples, stats = build_critic_examples(rows, cfg)
+    m = optimize(engine, None, examples, critic_config(cfg), pad_id, step, rank, world)
+    keep = ("loss", "logprob_abs_diff_mean", "sampler_trainer_kl", "rl_tokens_trained")
+    return {**{f"critic_{k}" if k != "loss" else "loss_critic": m[k] for k in keep}, **stats}
 
 
 def deepspeed_config(cfg: Config) -> dict:
@@ -216,17 +246,51 @@ def full_state_dict(engine, zero_stage: int) -> dict:
     return {k: v.detach() for k, v in engine.module.state_dict().items()}
 
 
+class Learner:
+    """One trainable model on this worker: its DeepSpeed engine, and (rank 0) the weight sync
+    into the vLLM engines that serve it, with its version (= optimizer steps taken)."""
+
+    def __init__(self, model_path: str, cfg: Config, engines: list, engine_dtype: str, rank: int):
+        import deepspeed
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from rltf_ray.weight_sync import make_weight_sync
+
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        optim = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr,
+                                  weight_decay=cfg.trainer.weight_decay)
+        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optim, config=deepspeed_config(cfg),
+                                               dist_init_required=False)
+        self.zero_stage, self.rank, self.version = cfg.trainer.zero_stage, rank, 0
+        self.sync = make_weight_sync(cfg.trainer.weight_sync, getattr(torch, engine_dtype))
+        if rank == 0:
+            self.sync.connect(engines)
+
+    def push(self) -> dict:
+        """Gather the full weights (a collective), and from rank 0 push them as a new version."""
+        self.version += 1
+        state = full_state_dict(self.engine, self.zero_stage)
+        if self.rank == 0:
+            self.sync.push(state.items(), self.version)
+        return state
+
+    def save(self, path: str, state: dict, tokenizer) -> None:
+        self.engine.module.save_pretrained(path, state_dict=state)
+        tokenizer.save_pretrained(path)
+
+
 def train_loop(config: dict) -> None:
-    """Runs on every Ray Train worker for the whole run."""
+    """Runs on every Ray Train worker for the whole run: the actor's learner and, with a
+    learned critic (Bi-NAC), the critic's, each stepping on the schedule `binac` sets."""
     import deepspeed
     import torch
     from transformers import AutoModelForCausalLM
 
     from rltf_ray.chat import load_tokenizer
-    from rltf_ray.weight_sync import make_weight_sync
 
     cfg = config_from_dict(config["cfg"])
-    model_path, engines = config["model_path"], config["engines"]
+    model_path = config["model_path"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.manual_seed(cfg.run.seed + rank)
@@ -235,43 +299,57 @@ def train_loop(config: dict) -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     tokenizer = load_tokenizer(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    optim = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr,
-                              weight_decay=cfg.trainer.weight_decay)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optim, config=deepspeed_config(cfg),
-                                      dist_init_required=False)
-    sync = make_weight_sync(cfg.trainer.weight_sync, getattr(torch, config["engine_dtype"]))
-    if rank == 0:
-        sync.connect(engines)
+    actor = Learner(model_path, cfg, config["engines"], config["engine_dtype"], rank)
+    critic = None
+    if config.get("critic_engines") and cfg.binac.critic_steps > 0:
+        critic = Learner(config["critic_model_path"], critic_config(cfg), config["critic_engines"],
+                         config["engine_dtype"], rank)
+        critic_tok = load_tokenizer(config["critic_model_path"])
+    binac = cfg.binac if config.get("critic_engines") else None
     broker = ray.get_actor(config["broker_name"])
     ckpt_dir = os.path.join(config["output_dir"], "checkpoints")
     ref_model = None
     if cfg.loss.kl_coef > 0:  # only then is the frozen reference loaded at all
         ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-        ref_model.to(next(engine.module.parameters()).device)
+        ref_model.to(next(actor.engine.module.parameters()).device)
     for step in range(cfg.run.steps):
         got = ray.get(broker.get_step.remote(step))
         rows = ray.get(got[0])
+        metrics: dict = {"step": step, "seconds_train": 0.0, "seconds_sync": 0.0}
+        states = {}
         t0 = time.perf_counter()
-        metrics = learn_step(engine, ref_model, rows, cfg, tokenizer, pad_id, step, rank, world)
-        seconds_train = time.perf_counter() - t0
-        version = step + 1
-        t1 = time.perf_counter()
-        state = full_state_dict(engine, cfg.trainer.zero_stage)
-        if rank == 0:
-            sync.push(state.items(), version)
-        seconds_sync = time.perf_counter() - t1
+        if binac is None or binac.actor_trains(step):
+            metrics.update(learn_step(actor.engine, ref_model, rows, cfg, tokenizer, pad_id, step, rank, world))
+            t1 = time.perf_counter()
+            states["actor"] = actor.push()
+            metrics["seconds_sync"] += time.perf_counter() - t1
+        if critic is not None and binac.critic_trains(step):
+            metrics.update(critic_learn_step(critic.engine, rows, cfg, pad_id, step, rank, world))
+            t1 = time.perf_counter()
+            states["critic"] = critic.push()
+            metrics["seconds_sync"] += time.perf_counter() - t1
+        metrics["seconds_train"] = time.perf_counter() - t0 - metrics["seconds_sync"]
         last = step == cfg.run.steps - 1
         every = cfg.run.checkpoint_every
-        if rank == 0 and (last or (every and version % every == 0)):
-            path = os.path.join(ckpt_dir, f"step_{version}")
-            engine.module.save_pretrained(path, state_dict=state)
-            tokenizer.save_pretrained(path)
-        del state
-        metrics.update({"step": step, "policy_version": version, "seconds_train": seconds_train,
-                        "seconds_sync": seconds_sync})
+        if last or (every and (step + 1) % every == 0):
+            path = os.path.join(ckpt_dir, f"step_{step + 1}")
+            state = states.get("actor") or full_state_dict(actor.engine, actor.zero_stage)
+            cstate = None
+            if critic is not None:
+                cstate = states.get("critic") or full_state_dict(critic.engine, critic.zero_stage)
+            if rank == 0:
+                actor.save(path, state, tokenizer)
+                if cstate is not None:
+                    critic.save(os.path.join(path, "critic"), cstate, critic_tok)
+        states.clear()
+        metrics.update({"policy_version": actor.version, "actor_trained": "loss" in metrics})
+        if binac is not None:
+            metrics.update({"critic_version": critic.version if critic else 0,
+                            "critic_trained": "loss_critic" in metrics})
         ray.train.report(metrics)
         if rank == 0:
             ray.get(broker.put_result.remote(step, metrics))
     if rank == 0:
-        sync.close()
+        actor.sync.close()
+        if critic is not None:
+            critic.sync.close()

@@ -1,6 +1,7 @@
 """The judge-scored `writing` task: its prompts and errors (pure), and one RL step end to end
 with the vLLM judge giving every reward, first turn and revisions alike."""
 import json
+import math
 
 import pytest
 
@@ -48,7 +49,7 @@ def test_writing_runs_one_step_with_judge_rewards(tmp_path, tiny_path):
     cfg = load_config("pipelines/configs/tiny.yaml",
                       JUDGED + [f"run.output_dir={tmp_path}", "run.steps=1", "run.serve_http_port=8143",
                                 f"pipeline.critic.judge_model={tiny_path}",
-                                "pipeline.critic.judge_max_tokens=16", "task.eval_prompts=5",
+                                "pipeline.critic.judge_max_tokens=16", "eval.prompts=5",
                                 "pipeline.prompts.prompts_per_step=2", "engine.max_model_len=1024"])
     ray.init(num_cpus=8, include_dashboard=False)
     pipe = Pipeline(cfg)
@@ -70,5 +71,5 @@ def test_writing_runs_one_step_with_judge_rewards(tmp_path, tiny_path):
     # a passing first attempt ends its episode; every other one was critiqued and revised
     assert all(r["revised"] == (r["reward_first"] < 7 / 9) for r in rows)
     m = json.loads((tmp_path / "metrics.jsonl").read_text())
-    assert m["unscored_rows"] == 0 and m["policy_version"] == 1 and m["loss"] == m["loss"]
-    assert summary["before"]["n"] == 5 and summary["before"]["unscored"] == 0
+    assert m["unscored_rows"] == 0 and m["policy_version"] == 1 and math.isfinite(m["loss"])
+    assert summary["before"]["problems"] == 5 and summary["before"]["greedy_unscored"] == 0

@@ -80,8 +80,9 @@ class CorrectnessOnlyCritic(ProgrammaticCritic.func_or_class):
         return out
 
 
-def build_critic_app(task_cfg: TaskConfig, p: CritiqueParams):
-    """The Serve application for `p.critic`, with replicas or autoscaling from the config."""
+def build_critic_app(task_cfg: TaskConfig, p: CritiqueParams, learned: dict | None = None):
+    """The Serve application for `p.critic`, with replicas or autoscaling from the config.
+    `learned` (critic 'learned' only): {"engine_names", "model_path", "binac"}."""
     import dataclasses
 
     from rltf_ray.config import ConfigError, EngineConfig
@@ -104,6 +105,14 @@ def build_critic_app(task_cfg: TaskConfig, p: CritiqueParams):
         return LLMJudgeCritic.options(**opts).bind(
             resolve_model(p.judge_model), resolve_dtype("auto", False), p.judge_max_tokens,
             2048, p.max_batch_size, max(p.batch_wait_timeout_s, 0.05))
+    if p.critic == "learned":
+        from rltf_ray.stages.learned_critic import LearnedCritic
+
+        if learned is None:
+            raise ConfigError("critic 'learned' runs inside a pipeline, which starts its engines")
+        return LearnedCritic.options(**opts).bind(learned["engine_names"], learned["model_path"],
+                                                  learned["binac"], p.max_batch_size,
+                                                  max(p.batch_wait_timeout_s, 0.05))
     if p.critic == "openai":
         from rltf_ray.stages.judges import OpenAICritic
 
@@ -138,11 +147,14 @@ def request_critiques(handle, items: list[dict], p: CritiqueParams) -> tuple[lis
     return results, errors
 
 
-def _ask_critic(p: CritiqueParams, rows: list[dict], texts: list[str], which: list[int]):
+def ask_critic(p: CritiqueParams, rows: list[dict], texts: list[str], which: list[int]):
     """{row index: (result or None, error)} for the rows in `which`."""
     if not which:
         return {}
     items = [{"prompt": rows[i]["prompt"], "response": texts[i], "meta": rows[i]["meta"]} for i in which]
+    for item, i in zip(items, which):  # the verifier's verdict, for a verdict-aware learned critic
+        if "correct_first" in rows[i]:
+            item["verdict"] = bool(rows[i]["correct_first"])
     results, errors = request_critiques(serve.get_app_handle(p.app_name), items, p)
     return {i: (res, err) for i, res, err in zip(which, results, errors)}
 
@@ -160,7 +172,7 @@ def score_texts(task, p: CritiqueParams, rows: list[dict], texts: list[str], whi
     return {i: ((math.nan, False, False) if res is None
                 else (float(res["reward"]), bool(res["correct"]), bool(res.get("format_ok", True))),
                 res, err)
-            for i, (res, err) in _ask_critic(p, rows, texts, which).items()}
+            for i, (res, err) in ask_critic(p, rows, texts, which).items()}
 
 
 class CriticFailure(RuntimeError):
@@ -181,12 +193,17 @@ def check_critique_failures(rows: list[dict], p: CritiqueParams, rounds: int, st
             f"error: {failed[0]}. Without critiques the run would silently be single-turn RL.")
 
 
-def make_critique(task_cfg: TaskConfig, p: CritiqueParams, turns: int = 2):
+def make_critique(task_cfg: TaskConfig, p: CritiqueParams, turns: int = 2, critique_correct: bool = False):
     """Round k: critique c_{k-1} of the attempt y_{k-1} (and, in round 1, its reward r0).
 
     Tasks without a verifier take r0 from the critic's verdict, so round 1 asks about every
-    row; a row the critic then fails on gets a NaN reward and is left out of training."""
+    row; a row the critic then fails on gets a NaN reward and is left out of training.
+    A learned critic (Bi-NAC) also fills its own columns in round 1; with `critique_correct`
+    it critiques correct first answers too, for its own training only (no actor revision)."""
+    from rltf_ray.stages.learned_critic import empty_critic_columns
+
     k = p.round
+    learned = p.critic == "learned" and k == 1
 
     def critique(rows: list[dict]) -> list[dict]:
         task = get_task(task_cfg)
@@ -200,7 +217,8 @@ def make_critique(task_cfg: TaskConfig, p: CritiqueParams, turns: int = 2):
         tries = [attempt(r, k) for r in rows]
         want = [] if turns == 1 else [i for i, a in enumerate(tries)
                                       if a.live and not (p.early_termination and a.correct)]
-        by_row = by_row or _ask_critic(p, rows, texts, want)
+        ask = [i for i, a in enumerate(tries) if a.live] if learned and critique_correct else want
+        by_row = by_row or ask_critic(p, rows, texts, ask)
         out = []
         for i, (r, a) in enumerate(zip(rows, tries)):
             res, err = by_row.get(i, (None, ""))
@@ -211,7 +229,9 @@ def make_critique(task_cfg: TaskConfig, p: CritiqueParams, turns: int = 2):
                         # The verifier wins over the critic's own verdict; disagreements are counted.
                         round_col("critic_disagrees", k): (task.has_verifier and bool(res)
                                                            and bool(res["correct"]) != a.correct),
-                        round_col("revised", k): i in want and res is not None})
+                        round_col("revised", k): i in want and res is not None,
+                        **({c: res[c] for c in empty_critic_columns()} if learned and res
+                           else empty_critic_columns() if k == 1 else {})})
         return out
 
     return critique
@@ -236,6 +256,9 @@ def make_reward(task_cfg: TaskConfig, p: RewardParams, critic: CritiqueParams):
                 score, failed = (a.reward, a.correct, a.format_ok), False
             out.append({**r, **{round_col(c, k): v for c, v in zip(SECOND_TURN_SCORE, score)},
                         round_col("reward_failed", k): failed})
+            if k == 1:  # the learned critic's extra revisions (a learned critic needs a verifier)
+                extra = r.get("critic_revisions") or []
+                out[-1]["critic_revision_rewards"] = [task.score(t, _meta(r["meta"])).reward for t in extra]
         return out
 
     return reward

@@ -126,13 +126,16 @@ class PolicyEngine:
 
 
 def start_engines(model_path: str, cfg: EngineConfig, dtype: str, seed: int,
-                  use_gpu: bool = False) -> list:
-    """Start `cfg.num_engines` engine actors and wait until each has loaded the model."""
+                  use_gpu: bool = False, name: str | None = None) -> list:
+    """Start `cfg.num_engines` engine actors and wait until each has loaded the model.
+    With `name`, engine i is the named actor f"{name}-{i}" (found by others by name)."""
     actor = ray.remote(PolicyEngine)
     engines = []
     for i in range(cfg.num_engines):
         opts = dict(max_concurrency=4,
                     runtime_env={"env_vars": engine_env(cfg, use_gpu)})
+        if name:
+            opts["name"] = f"{name}-{i}"
         opts.update({"num_gpus": 1} if use_gpu else {"num_cpus": 1})
         engines.append(actor.options(**opts).remote(model_path, cfg, dtype, seed + i, use_gpu))
     ray.get([e.ready.remote() for e in engines])

@@ -54,8 +54,11 @@ def make_generate(engines: list, model_path: str, p: GenerateParams, node: str,
     return generate
 
 
-def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_model_len: int):
-    """Round k: one revision y_k from x_k = [x0, y0, c0, ..., y_{k-1}, c_{k-1}]."""
+def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_model_len: int,
+                critic_revisions: int = 1):
+    """Round k: one revision y_k from x_k = [x0, y0, c0, ..., y_{k-1}, c_{k-1}]. In round 1,
+    a learned critic's K critiques each also get `critic_revisions` (M) revisions, which
+    reward the critic; the actor's own revision fills the first slot of critique 0."""
     k = p.round
 
     def col(name: str) -> str:
@@ -73,6 +76,7 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
             res = _call(engines, key, prompts, node, n=1, temperature=p.temperature,
                         top_p=p.top_p, max_tokens=p.max_tokens)
         done = {i: (ids, group[0]) for i, ids, group in zip(todo, prompts, res["outputs"])}
+        extra, extra_tokens, extra_s = (for_critic(rows, done, tok) if k == 1 else ({}, {}, 0.0))
         out = []
         for i, r in enumerate(rows):
             ids, g = done.get(i, ([], None))
@@ -80,8 +84,36 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
                         col("revision_ids"): g.token_ids if g else [],
                         col("revision_logprobs"): g.logprobs if g else [],
                         col("revision_version"): res["version"] if g else -1,
-                        "gen_tokens": r["gen_tokens"] + (len(g.token_ids) if g else 0),
-                        "gen_seconds": r["gen_seconds"] + res["seconds"] / max(len(rows), 1)})
+                        "gen_tokens": r["gen_tokens"] + (len(g.token_ids) if g else 0) + extra_tokens.get(i, 0),
+                        "gen_seconds": r["gen_seconds"] + (res["seconds"] + extra_s) / max(len(rows), 1)})
+            if k == 1:
+                out[-1]["critic_revisions"] = extra.get(i, [])
         return out
+
+    def for_critic(rows: list[dict], done: dict, tok) -> tuple[dict, dict, float]:
+        """{row: K x M revision texts (critique-major)}, {row: generated tokens}, seconds."""
+        m = critic_revisions
+        texts = {i: [[] for _ in r["critic_critiques"]] for i, r in enumerate(rows) if r.get("critic_critiques")}
+        jobs: dict[int, list] = {}  # samples still needed -> (row, critique, prompt ids)
+        for i in texts:
+            r = rows[i]
+            if i in done:
+                texts[i][0].append(done[i][1].text)
+            for kk, c in enumerate(r["critic_critiques"]):
+                need = m - len(texts[i][kk])
+                if need:
+                    ids = encode(tok, revision_messages(r["prompt"], [(r["response"], c)], p.template))
+                    jobs.setdefault(need, []).append((i, kk, ids))
+        tokens: dict[int, int] = {}
+        seconds = 0.0
+        for need, js in jobs.items():
+            check_lengths([rows[i] for i, _, _ in js], [ids for _, _, ids in js], p.max_tokens, max_model_len, node)
+            res = _call(engines, rows[js[0][0]]["prompt_id"], [ids for _, _, ids in js], node, n=need,
+                        temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_tokens)
+            seconds += res["seconds"]
+            for (i, kk, _), group in zip(js, res["outputs"]):
+                texts[i][kk] += [g.text for g in group]
+                tokens[i] = tokens.get(i, 0) + sum(len(g.token_ids) for g in group)
+        return {i: [t for per in v for t in per] for i, v in texts.items()}, tokens, seconds
 
     return revise

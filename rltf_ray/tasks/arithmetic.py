@@ -44,6 +44,9 @@ class Arithmetic(Task):
         return (f"What is {meta['a']} {meta['op']} {meta['b']}? "
                 f"Give the final answer as <answer>number</answer>.")
 
+    def demonstration(self, meta: dict) -> str:
+        return f"{meta['a']} {meta['op']} {meta['b']} = {meta['answer']}. <answer>{meta['answer']}</answer>"
+
     def check(self, answer: str, meta: dict) -> bool:
         try:
             return int(answer.strip()) == int(meta["answer"])

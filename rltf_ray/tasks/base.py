@@ -55,8 +55,9 @@ class Task(ABC):
             yield {"prompt_id": f"{split}-{i}", "prompt": self.prompt_text(meta),
                    "meta": json.dumps(meta, sort_keys=True)}
 
-    # Distinct problems in the test split; None: a generator with (practically) no limit.
+    # Distinct problems in the test and train splits; None: a generator with no practical limit.
     test_size: int | None = None
+    train_size: int | None = None
 
     def held_out(self, n: int) -> list[dict]:
         """Up to `n` held-out rows, each a distinct problem (by prompt text): fewer when the
@@ -96,6 +97,12 @@ class Task(ABC):
         correct = answer is not None and self.check(answer, meta)
         w = self.cfg.format_weight
         return Score(float(correct) + w * (float(format_ok) - 1.0), correct, format_ok)
+
+    def demonstration(self, meta: dict) -> str:
+        """A correct solution in the task's answer format, for supervised warm starts."""
+        if meta.get("answer") is None:
+            raise NotImplementedError(f"task {self.name} has no reference answer to demonstrate")
+        return self.answer_format.replace("...", str(meta["answer"]))
 
     def critique(self, text: str, meta: dict) -> str:
         answer, format_ok = self.extract(text)
@@ -153,6 +160,10 @@ class FileTask(Task):
     @property
     def test_size(self) -> int:
         return self.holdout
+
+    @property
+    def train_size(self) -> int:
+        return len(self.problems) - self.holdout
 
     def make_problem(self, index: int, split: str) -> dict:
         train = len(self.problems) - self.holdout

@@ -51,7 +51,7 @@ class ReasoningGymTask(Task):
         except (TypeError, ValueError, KeyError) as e:
             raise ConfigError(f"task {cfg.name}: reasoning-gym rejected {settings}: {e}") from None
 
-    test_size = TEST_SIZE
+    test_size, train_size = TEST_SIZE, TRAIN_SIZE
 
     def make_problem(self, index: int, split: str) -> dict:
         i = index % TRAIN_SIZE if split == "train" else TRAIN_SIZE + index % TEST_SIZE

@@ -1,0 +1,115 @@
+"""Compare objective presets at equal budgets, over seeds, with standard errors.
+
+    python pipelines/compare.py --config pipelines/configs/demo.yaml \\
+        --presets grpo_single,grpo_multi,rltf_sd,rltf_fm,rltf_sd_fm --seeds 3 --name NAME [key=value ...]
+
+Every (preset, seed) run gets the same config and overrides apart from the preset, and
+`run.seed = seed`: for one seed every preset sees the same prompts in the same order at the
+same number of first-turn samples (prompts_per_step x n x steps), and every run is scored on
+the same held-out problems. Outputs under `results/NAME/`: `runs/<preset>_s<seed>/` (each
+run's own output folder), `runs.jsonl` (every number), `table.md` and `curves.png`.
+A finished run (its summary.json exists) is not run again, so a stopped comparison resumes.
+
+Locally the runs go one after another, each as its own `pipelines/run.py` process (a fresh
+in-process Ray). With `--cluster ADDRESS` (or RAY_ADDRESS set) each run is submitted as a
+Ray job to that cluster, all at once; the cluster schedules them in parallel.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from rltf_ray.config import ConfigError, load_config  # noqa: E402
+from rltf_ray.report import collect_run, write_curves, write_table  # noqa: E402
+
+
+def run_args(args, preset: str, seed: int, out: Path) -> list[str]:
+    return ["--config", args.config, "--preset", preset, f"run.seed={seed}",
+            f"run.output_dir={out}", *args.overrides]
+
+
+def run_local(args, preset: str, seed: int, out: Path) -> None:
+    log = out.parent / f"{out.name}.log"
+    cmd = [sys.executable, str(ROOT / "pipelines" / "run.py"), *run_args(args, preset, seed, out)]
+    print(f"[compare] {preset} seed {seed}: running (log {log})", flush=True)
+    t = time.perf_counter()
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+    if rc != 0:
+        tail = log.read_text()[-2000:]
+        raise SystemExit(f"[compare] {preset} seed {seed} failed (exit {rc}); end of {log}:\n{tail}")
+    print(f"[compare] {preset} seed {seed}: done in {time.perf_counter() - t:.0f}s", flush=True)
+
+
+def run_cluster(args, todo: list[tuple[str, int, Path]], address: str) -> None:
+    """One Ray job per run; the output folders must be on storage the cluster shares."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(address)
+    env = {"working_dir": str(ROOT), "excludes": [".venv", ".git", "outputs", "results"]}
+    jobs = {}
+    for preset, seed, out in todo:
+        entry = " ".join(["python", "pipelines/run.py", *run_args(args, preset, seed, out)])
+        jobs[client.submit_job(entrypoint=entry, runtime_env=env)] = (preset, seed)
+        print(f"[compare] submitted {preset} seed {seed}", flush=True)
+    while jobs:
+        time.sleep(10)
+        for job_id, (preset, seed) in list(jobs.items()):
+            status = client.get_job_status(job_id)
+            if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+                del jobs[job_id]
+                print(f"[compare] {preset} seed {seed}: {status}", flush=True)
+                if status != JobStatus.SUCCEEDED:
+                    raise SystemExit(client.get_job_logs(job_id)[-2000:])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--presets", required=True, help="comma-separated preset names")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--name", required=True, help="results/NAME/")
+    ap.add_argument("--results", default=str(ROOT / "results"))
+    ap.add_argument("--cluster", help="Ray address to submit the runs to as jobs (else RAY_ADDRESS)")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides for every run")
+    args = ap.parse_args(argv)
+    presets = [p for p in args.presets.split(",") if p]
+    try:  # every run's config must load before anything starts
+        for p in presets:
+            load_config(args.config, args.overrides, preset=p)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    root = Path(args.results) / args.name
+    (root / "runs").mkdir(parents=True, exist_ok=True)
+    plan = [(p, s, root / "runs" / f"{p}_s{s}") for s in range(args.seeds) for p in presets]
+    todo = [(p, s, out) for p, s, out in plan if not (out / "summary.json").is_file()]
+    print(f"[compare] {len(plan)} runs, {len(plan) - len(todo)} already finished", flush=True)
+    import os
+
+    address = args.cluster or os.environ.get("RAY_ADDRESS")
+    if address and todo:
+        run_cluster(args, todo, address)
+    else:
+        for p, s, out in todo:
+            run_local(args, p, s, out)
+    runs = [collect_run(out, p, s) for p, s, out in plan]
+    with open(root / "runs.jsonl", "w") as f:
+        for r in runs:
+            f.write(json.dumps(r) + "\n")
+    table = write_table(runs, root / "table.md", title=f"{args.name}: {args.config} {' '.join(args.overrides)}")
+    write_curves(runs, root / "curves.png", title=args.name)
+    print(table)
+    print(f"[compare] results in {root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

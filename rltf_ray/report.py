@@ -1,0 +1,144 @@
+"""Reading finished runs back: one run's learning curve and totals, a comparison table over
+presets and seeds (mean ± standard error), and the pictures. Used by pipelines/compare.py
+and pipelines/plot.py."""
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+from rltf_ray.evaluation import mean_se
+
+
+def read_metrics(out: Path) -> list[dict]:
+    path = Path(out) / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+
+
+def collect_run(out: Path, preset: str, seed: int) -> dict:
+    """One run's numbers: held-out evaluations before, during and after, and its costs."""
+    out = Path(out)
+    summary = json.loads((out / "summary.json").read_text())
+    steps = read_metrics(out)
+    curve = []
+    if summary.get("before"):
+        curve.append({**summary["before"], "samples_seen": 0})
+    for m in steps:
+        if "eval" in m:
+            curve.append({**m["eval"], "samples_seen": m["samples_seen"]})
+    if summary.get("after"):
+        curve.append({**summary["after"], "samples_seen": steps[-1]["samples_seen"] if steps else 0})
+    return {"preset": preset, "seed": seed, "output_dir": str(out), "steps": len(steps),
+            "before": summary.get("before"), "after": summary.get("after"), "curve": curve,
+            "samples_seen": steps[-1]["samples_seen"] if steps else 0,
+            "generate_tokens": sum(m.get("generate_tokens", 0) for m in steps),
+            "train_tokens": sum(m.get("rl_tokens_trained", 0) + m.get("sd_tokens_trained", 0) for m in steps),
+            "seconds": sum(m.get("seconds_step", 0.0) for m in steps),
+            "revision_gain": mean_se([m["revision_gain"] for m in steps if "revision_gain" in m])[0],
+            "first_turn_accuracy_train": mean_se([m["first_turn_accuracy"] for m in steps])[0],
+            "prompt_ids": [m.get("prompt_ids", []) for m in steps]}
+
+
+def _fmt(m: float, se: float) -> str:
+    return f"{m:.3f} ± {se:.3f}"
+
+
+def write_table(runs: list[dict], path: Path, title: str = "") -> str:
+    """Per preset, over seeds: final held-out greedy first-turn accuracy (mean ± SE), its
+    change from before training, the training revision gain, optional pass@k and feedback
+    accuracy, and the cost in generated tokens and wall time."""
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in runs:
+        by[r["preset"]].append(r)
+    extra = sorted({k for r in runs for k in (r["after"] or {})
+                    if (k.startswith("pass@") or k.startswith("feedback_accuracy_")
+                        or k.startswith("self_feedback_accuracy_")) and not k.endswith("_se")})
+    head = ["preset", "seeds", "held-out acc after (greedy)", "before", "change", "revision gain (train)",
+            *extra, "gen tokens / run", "minutes / run"]
+    lines = [f"# {title}" if title else "", "", "| " + " | ".join(head) + " |",
+             "|" + " --- |" * len(head)]
+    for preset, rs in by.items():
+        after = [r["after"]["greedy_accuracy"] for r in rs if r["after"]]
+        before = [r["before"]["greedy_accuracy"] for r in rs if r["before"]]
+        change = [a - b for a, b in zip(after, before)]
+        cells = [preset, str(len(rs)), _fmt(*mean_se(after)), _fmt(*mean_se(before)), _fmt(*mean_se(change)),
+                 f"{mean_se([r['revision_gain'] for r in rs])[0]:+.3f}"]
+        cells += [_fmt(*mean_se([r["after"][k] for r in rs if r["after"] and k in r["after"]])) for k in extra]
+        cells += [f"{mean_se([r['generate_tokens'] for r in rs])[0]:.0f}",
+                  f"{mean_se([r['seconds'] for r in rs])[0] / 60:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    n = max((r["after"] or {}).get("problems", 0) for r in runs) if runs else 0
+    lines += ["", f"Mean ± standard error over seeds; each accuracy is on {n} distinct held-out problems. "
+              "'change' is after minus before within each seed."]
+    text = "\n".join(lines) + "\n"
+    Path(path).write_text(text)
+    return text
+
+
+def write_curves(runs: list[dict], path: Path, title: str = "", key: str = "greedy_accuracy") -> None:
+    """Held-out accuracy against first-turn samples seen: one line per preset, mean over seeds
+    with a band of one standard error."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in runs:
+        by[r["preset"]].append(r)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for preset, rs in by.items():
+        points: dict[int, list[float]] = defaultdict(list)
+        for r in rs:
+            for p in r["curve"]:
+                if key in p:
+                    points[p["samples_seen"]].append(p[key])
+        xs = sorted(points)
+        stats = [mean_se(points[x]) for x in xs]
+        ys = [m for m, _ in stats]
+        ax.plot(xs, ys, marker="o", label=f"{preset} ({len(rs)} seeds)")
+        ax.fill_between(xs, [m - s for m, s in stats], [m + s for m, s in stats], alpha=0.2)
+    ax.set_xlabel("first-turn samples seen")
+    ax.set_ylabel(f"held-out {key.replace('_', ' ')}")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_run_plots(out: Path, path: Path) -> list[str]:
+    """A single run's learning curves (rewards, accuracies, losses, step time) on one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = read_metrics(out)
+    if not steps:
+        raise ValueError(f"{out}: no metrics.jsonl rows to plot")
+    x = [m["step"] + 1 for m in steps]
+    panels = [("rewards", ["reward_first_mean", "reward_second_mean"]),
+              ("accuracy", ["first_turn_accuracy", "second_turn_accuracy"]),
+              ("losses", [k for k in ("loss", "loss_rl0", "loss_rl1", "loss_sd", "loss_fm", "loss_sft")
+                          if any(m.get(k) for m in steps)]),
+              ("seconds", ["seconds_rollout", "seconds_train", "seconds_sync"])]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    drawn = []
+    for ax, (name, keys) in zip(axes.flat, panels):
+        for k in keys:
+            ys = [m.get(k) for m in steps]
+            if any(isinstance(y, (int, float)) and math.isfinite(y) for y in ys if y is not None):
+                ax.plot(x, [y if y is not None else math.nan for y in ys], marker=".", label=k)
+                drawn.append(k)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(str(out))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return drawn

@@ -1,0 +1,80 @@
+"""Bi-NAC's learned critic: a Serve deployment in front of the critic's own vLLM engines.
+
+The engines are `PolicyEngine` actors like the actor's, started by the runner and addressed
+by name, so that the trainer's `WeightSync` pushes the critic's new weights into them
+exactly as it does for the actor (a Serve replica cannot be addressed one by one for a
+broadcast). Each request asks for K critiques c ~ pi_C(. | x0, y0) of one attempt; every
+critique must end with a verdict line, which is checked against the verifier.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import ray
+from ray import serve
+
+from rltf_ray.chat import encode, load_tokenizer
+from rltf_ray.config import BinacConfig, _build
+from rltf_ray.stages.critique import DEPLOYMENT_OPTIONS, CriticEndpoints
+from rltf_ray.stages.judges import CLOSE, INJECTION_NOTE, OPEN, _item_fields, parse_verdict
+
+
+def critic_messages(system: str, question: str, attempt: str, verdict: bool | None) -> list[dict]:
+    """The critic's conversation; `verdict` (the verifier's) is shown when not None."""
+    attempt = attempt.replace(CLOSE, "ATTEMPT >>")  # the attempt cannot close the quote early
+    user = f"Question:\n{question}\n\n{INJECTION_NOTE}\n{OPEN}\n{attempt}\n{CLOSE}"
+    if verdict is not None:
+        user += f"\n\nA verifier checked this attempt: it is {'correct' if verdict else 'incorrect'}."
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def empty_critic_columns() -> dict:
+    """The learned critic's columns for a row it did not critique (or another critic)."""
+    return {"critic_version": -1, "critic_prompt_ids": [], "critic_critiques": [],
+            "critic_critique_ids": [], "critic_critique_logprobs": [], "critic_verdicts": [],
+            "critic_format_ok": []}
+
+
+@serve.deployment(**DEPLOYMENT_OPTIONS)
+class LearnedCritic(CriticEndpoints):
+    """Request: {"prompt", "response", "meta", "verdict": bool} (the verifier's verdict, shown
+    to a verdict-aware critic). Response: the first critique as "critique" (what the actor
+    revises from), all K with their token ids, log-probs, verdicts and format flags, the
+    critic's prompt ids and the version of the weights that wrote them."""
+
+    def __init__(self, engine_names: list[str], model_path: str, binac: dict,
+                 max_batch_size: int = 64, batch_wait_timeout_s: float = 0.05):
+        self.engines = [ray.get_actor(n) for n in engine_names]
+        self.model_path = model_path
+        self.b = _build(BinacConfig, binac, "binac")
+        self.judge.set_max_batch_size(max_batch_size)
+        self.judge.set_batch_wait_timeout_s(batch_wait_timeout_s)
+
+    def _prompt(self, item: dict) -> list[int]:
+        question, attempt, _ = _item_fields(item)
+        verdict = bool(item["verdict"]) if self.b.verdict_aware and "verdict" in item else None
+        return encode(load_tokenizer(self.model_path), critic_messages(self.b.prompt, question, attempt, verdict))
+
+    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.05)
+    async def judge(self, items: list[dict]) -> list[dict]:
+        self.batches += 1
+        self.requests += len(items)
+        prompts = [self._prompt(x) for x in items]
+        shards = [list(range(i, len(prompts), len(self.engines))) for i in range(len(self.engines))]
+        calls = [(idx, e.generate.remote([prompts[i] for i in idx], n=self.b.critiques_per_attempt,
+                                         temperature=self.b.temperature, top_p=1.0,
+                                         max_tokens=self.b.max_tokens))
+                 for e, idx in zip(self.engines, shards) if idx]
+        results = await asyncio.gather(*(ref for _, ref in calls))
+        out: list = [None] * len(items)
+        for (idx, _), res in zip(calls, results):
+            for i, group in zip(idx, res["outputs"]):
+                texts = [g.text.strip() for g in group]
+                verdicts = [parse_verdict(t) for t in texts]
+                out[i] = {"critique": texts[0], "critic_version": res["version"],
+                          "critic_prompt_ids": prompts[i], "critic_critiques": texts,
+                          "critic_critique_ids": [list(g.token_ids) for g in group],
+                          "critic_critique_logprobs": [list(g.logprobs) for g in group],
+                          "critic_verdicts": verdicts, "critic_format_ok": [v is not None for v in verdicts],
+                          "correct": bool(verdicts[0]), "reward": float(bool(verdicts[0]))}
+        return out

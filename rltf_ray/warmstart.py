@@ -1,0 +1,112 @@
+"""A short supervised warm start, so that a small model can learn from feedback at all.
+
+RLTF-SD distils revisions into the first turn; it needs revisions that are better than
+first attempts. A 135M model mostly parrots the critique, so before RL it gets a small
+dose of supervised data (`pipelines/warmstart.py`):
+
+* format demonstrations: x0 -> a correct solution the task writes (`Task.demonstration`);
+* revision demonstrations: [x0, y0, c0] -> a correct solution, where y0 is the model's own
+  wrong answer (sampled by a vLLM engine) and c0 the task's programmatic critique of it.
+
+Both are trained as plain cross-entropy on the target tokens (a full fine-tune with torch
+AdamW), and the result is saved as an HF folder that the engines and the trainer load.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from rltf_ray.chat import encode, first_turn_messages, load_tokenizer, revision_messages
+
+
+def format_demos(task, start: int, count: int) -> list[tuple[list[dict], str]]:
+    """(conversation, target) pairs: the training problem's prompt and a correct solution."""
+    out = []
+    for row in task.rows("train", start, count):
+        meta = json.loads(row["meta"])
+        out.append((first_turn_messages(row["prompt"]), task.demonstration(meta)))
+    return out
+
+
+def revision_demos(engines: list, model_path: str, task, template: str, start: int, count: int,
+                   temperature: float, max_tokens: int, samples: int = 2) -> tuple[list, dict]:
+    """(conversation, target) pairs built from the model's own wrong first answers on
+    training problems start.. (sampled until `count` are found or the problems run out)."""
+    import ray
+
+    tok = load_tokenizer(model_path)
+    out, seen, wrong = [], 0, 0
+    i = start
+    while len(out) < count and seen < count * 20:
+        rows = list(task.rows("train", i, 32))
+        i += 32
+        prompts = [encode(tok, first_turn_messages(r["prompt"])) for r in rows]
+        res = ray.get(engines[0].generate.remote(prompts, n=samples, temperature=temperature, top_p=1.0,
+                                                 max_tokens=max_tokens))
+        for row, group in zip(rows, res["outputs"]):
+            meta = json.loads(row["meta"])
+            for g in group:
+                seen += 1
+                if task.score(g.text, meta).correct or len(out) >= count:
+                    continue
+                wrong += 1
+                conv = revision_messages(row["prompt"], [(g.text, task.critique(g.text, meta))], template)
+                out.append((conv, task.demonstration(meta)))
+    return out, {"sampled": seen, "wrong": wrong, "first_turn_accuracy": 1 - wrong / max(seen, 1)}
+
+
+def sft(model_path: str, pairs: list[tuple[list[dict], str]], out_dir: str, lr: float = 1e-5,
+        epochs: int = 1, batch_size: int = 8, seed: int = 0) -> dict:
+    """Cross-entropy on the target tokens of each (conversation, target) pair; saves the
+    model and tokenizer to `out_dir`. Returns the mean loss of the first and last epoch."""
+    from transformers import AutoModelForCausalLM
+
+    from rltf_ray import losses
+
+    torch.manual_seed(seed)
+    tok = load_tokenizer(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    examples = []
+    for conv, target in pairs:
+        x = encode(tok, conv)
+        y = tok(target, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        examples.append((x + y, len(x)))
+    rng = random.Random(seed)
+    history = []
+    t0 = time.perf_counter()
+    for _ in range(epochs):
+        rng.shuffle(examples)
+        total, count = 0.0, 0
+        for k in range(0, len(examples), batch_size):
+            batch = examples[k:k + batch_size]
+            width = max(len(ids) for ids, _ in batch)
+            ids = torch.full((len(batch), width), pad)
+            attn = torch.zeros_like(ids)
+            mask = torch.zeros(len(batch), width - 1)
+            for i, (seq, start) in enumerate(batch):
+                ids[i, :len(seq)] = torch.tensor(seq)
+                attn[i, :len(seq)] = 1
+                mask[i, start - 1:len(seq) - 1] = 1.0
+            logp = losses.token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)
+            loss = losses.token_sum(-logp, mask, float(mask.sum()))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            total += loss.item() * float(mask.sum())
+            count += float(mask.sum())
+        history.append(total / max(count, 1))
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return {"examples": len(examples), "epochs": epochs, "loss_first_epoch": history[0],
+            "loss_last_epoch": history[-1], "seconds": time.perf_counter() - t0,
+            "finite": all(math.isfinite(h) for h in history)}

@@ -1,0 +1,141 @@
+"""Bi-NAC: the learned critic's rewards and advantages by hand, its schedule, its learner with
+a real DeepSpeed engine pushing into a real critic vLLM engine, and a 2-step `binac` run."""
+import json
+import math
+import os
+import socket
+
+import pytest
+import torch
+
+from rltf_ray.config import BinacConfig, Config, ConfigError, LossConfig, load_config
+from rltf_ray.objectives import build_critic_examples, critic_rewards
+
+
+@pytest.mark.parametrize("reward,bonus,expected", [
+    ("improvement", 0.0, [1.0 - 0.2, 0.5 - 0.2, -1.0]),   # mean_m r1 - r0; no verdict line: -1
+    ("outcome", 0.0, [1.0, 0.5, -1.0]),                   # mean_m r1
+    ("improvement", 0.3, [0.8 + 0.3, 0.3, -1.0]),         # + beta when the verdict agrees
+])
+def test_critic_rewards_exact(reward, bonus, expected):
+    b = BinacConfig(critic_reward=reward, verdict_bonus=bonus)
+    # K = 3 critiques x M = 2 revisions; the attempt was wrong (r0 = 0.2, verdict false)
+    got = critic_rewards(0.2, False, [1.0, 1.0, 0.0, 1.0, 1.0, 1.0], [False, True, None], [True, True, False], b)
+    assert got == pytest.approx(expected)
+
+
+def critic_row(rev_rewards, verdicts=(False, False), fmt=(True, True)):
+    return {"prompt_id": "p", "reward_first": 0.0, "correct_first": False, "critic_prompt_ids": [1, 2, 3],
+            "critic_critiques": ["a", "b"], "critic_critique_ids": [[7, 8], [9]],
+            "critic_critique_logprobs": [[-1.0, -2.0], [-0.5]], "critic_verdicts": list(verdicts),
+            "critic_format_ok": list(fmt), "critic_revision_rewards": rev_rewards}
+
+
+def test_critic_examples_are_grpo_over_the_k_critiques_of_one_attempt():
+    cfg = Config(binac=BinacConfig(temperature=0.9))
+    ex, stats = build_critic_examples([critic_row([1.0, 0.0]), critic_row([0.0, 0.0]),
+                                       {"prompt_id": "q", "critic_critiques": []}], cfg)
+    assert stats["examples_critic"] == 4
+    assert [e.adv for e in ex] == pytest.approx([0.5, -0.5, 0.0, 0.0])  # centred within each attempt
+    assert ex[0].ids == [1, 2, 3, 7, 8] and ex[0].start == 3 and ex[1].ids == [1, 2, 3, 9]
+    assert ex[0].behav_logp == [-1.0, -2.0] and ex[0].temperature == 0.9 and ex[0].term == "rl0"
+    fmt = build_critic_examples([critic_row([1.0, 1.0], fmt=(True, False))], cfg)[0]
+    assert [e.adv for e in fmt] == pytest.approx([1.0, -1.0])  # reward 1 vs the -1 format penalty
+
+
+def test_schedule_steps_at_the_expected_rl_steps():
+    b = BinacConfig(actor_steps=2, critic_steps=1)
+    assert [s for s in range(8) if b.actor_trains(s)] == list(range(8))
+    assert [s for s in range(8) if b.critic_trains(s)] == [1, 3, 5, 7]
+    one = BinacConfig(actor_steps=1, critic_steps=1)  # 1:1 = simultaneous
+    assert all(one.actor_trains(s) and one.critic_trains(s) for s in range(4))
+    lead = BinacConfig(actor_steps=1, critic_steps=3)  # the critic leads: 3 critic steps per actor step
+    assert [s for s in range(6) if lead.actor_trains(s)] == [0, 3]
+    assert [s for s in range(6) if lead.critic_trains(s)] == list(range(6))
+    assert not any(BinacConfig(critic_steps=0).critic_trains(s) for s in range(10))
+    assert [s for s in range(10) if BinacConfig().critic_trains(s)] == [4, 9]  # the 1:5 default
+
+
+def test_learned_critic_config_errors():
+    with pytest.raises(ConfigError, match="binac.critic_reward"):
+        load_config(None, ["binac.critic_reward=vibes"])
+    with pytest.raises(ConfigError, match="two-turn episodes"):
+        load_config("pipelines/configs/tiny.yaml", ["run.turns=3"], preset="binac")
+    with pytest.raises(ConfigError, match="has no verifier"):
+        load_config("pipelines/configs/writing.yaml", ["pipeline.critic.critic=learned"])
+
+
+@pytest.mark.integration
+def test_the_critic_learns_and_its_engine_serves_the_checkpoint(tiny_path, tiny_tokenizer, tmp_path):
+    """A critic step on hand-made rows with varied rewards: a gradient, a new served version,
+    the critic engine's log-prob of a fixed critique moves, and equals a fresh engine's on
+    the saved critic checkpoint."""
+    import ray
+    import torch.distributed as dist
+
+    from rltf_ray.config import EngineConfig, TrainerConfig
+    from rltf_ray.stages.engine import start_engines
+    from rltf_ray.trainer import Learner, critic_config, critic_learn_step
+
+    ray.init(num_cpus=4, include_dashboard=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        import deepspeed
+
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        engine = start_engines(tiny_path, EngineConfig(max_model_len=512), "float32", 0)[0]
+        cfg = Config(trainer=TrainerConfig(bf16=False, micro_batch_size=4),
+                     binac=BinacConfig(lr=1e-2, temperature=1.0), loss=LossConfig())
+        critic = Learner(tiny_path, critic_config(cfg), [engine], "float32", 0)
+        probe = ([1, 5, 9, 13, 17], [21, 25, 29, 33])
+        before = ray.get(engine.sequence_logprobs.remote(*probe))
+        gen = ray.get(engine.generate.remote([[1, 5, 9, 13]], n=2, temperature=1.0, top_p=1.0, max_tokens=6))
+        texts = gen["outputs"][0]
+        row = {**critic_row([1.0, 0.0]), "critic_prompt_ids": [1, 5, 9, 13],
+               "critic_critique_ids": [list(g.token_ids) for g in texts],
+               "critic_critique_logprobs": [list(g.logprobs) for g in texts]}
+        m = critic_learn_step(critic.engine, [row], cfg, 0, 0, 0, 1)
+        assert m["examples_critic"] == 2 and m["critic_rl_tokens_trained"] > 0 and math.isfinite(m["loss_critic"])
+        assert m["critic_logprob_abs_diff_mean"] < 1e-3  # its sampler and its learner agree
+        state = critic.push()
+        assert critic.version == 1 and ray.get(engine.ready.remote()) == 1
+        after = ray.get(engine.sequence_logprobs.remote(*probe))
+        assert max(abs(a - b) for a, b in zip(before, after)) > 1e-3
+        critic.save(str(tmp_path / "critic"), state, tiny_tokenizer)
+        fresh = start_engines(str(tmp_path / "critic"), EngineConfig(max_model_len=512), "float32", 0)[0]
+        again = ray.get(fresh.sequence_logprobs.remote(*probe))
+        assert max(abs(a - c) for a, c in zip(after, again)) < 1e-4
+    finally:
+        dist.destroy_process_group()
+        ray.shutdown()
+
+
+@pytest.mark.integration
+def test_binac_runs_two_steps_end_to_end(tmp_path, tiny_path):
+    from rltf_ray.runner import Pipeline
+
+    cfg = load_config("pipelines/configs/tiny.yaml",
+                      [f"run.output_dir={tmp_path}", "run.steps=2", "run.eval_before_after=false",
+                       "run.serve_http_port=8171", "binac.actor_steps=2", "binac.critic_steps=1",
+                       "binac.format_penalty=0.0", "run.checkpoint_every=1"], preset="binac")
+    summary = Pipeline(cfg).run()
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["policy_version"] for m in lines] == [1, 2]  # the actor trains at every step
+    assert [m["critic_version"] for m in lines] == [0, 1]  # the critic at step 1 of each 2-cycle
+    assert [m["critic_trained"] for m in lines] == [False, True] and "loss_critic" in lines[1]
+    assert summary["critic_engine_versions"] == [1]
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "rollouts" / "step_1.parquet").to_pylist()
+    critiqued = [r for r in rows if r["critic_critiques"]]
+    assert len(critiqued) == sum(not r["correct_first"] for r in rows)  # early termination
+    for r in critiqued:  # K = 2 critiques, M = 1 revision each, the actor's revision in slot 0
+        assert len(r["critic_critiques"]) == 2 and r["critique"] == r["critic_critiques"][0]
+        assert len(r["critic_revisions"]) == 2 == len(r["critic_revision_rewards"])
+        assert r["critic_revisions"][0] == r["revision"] and r["critic_version"] == 0
+    assert lines[1]["critiques"] == 2 * len(critiqued) and 0.0 <= lines[1]["critic_format_ok"] <= 1.0
+    assert (tmp_path / "checkpoints" / "step_2" / "critic" / "config.json").is_file()

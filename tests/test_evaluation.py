@@ -1,0 +1,86 @@
+"""Held-out evaluation and the experiment runner: pass@k and standard errors by hand, the
+comparison table from hand-made runs, then `pipelines/eval.py` and `pipelines/compare.py`
+for real on the tiny model."""
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from rltf_ray.evaluation import mean_se, pass_at_k
+from rltf_ray.report import write_table
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_pass_at_k_on_hand_made_outcomes():
+    assert pass_at_k(8, 2, 1) == pytest.approx(2 / 8)
+    assert pass_at_k(8, 2, 4) == pytest.approx(1 - 15 / 70)  # 1 - C(6,4)/C(8,4)
+    assert pass_at_k(8, 2, 8) == 1.0 and pass_at_k(8, 0, 4) == 0.0 and pass_at_k(4, 4, 1) == 1.0
+    assert pass_at_k(8, 7, 2) == 1.0  # fewer wrong samples than k: some draw is right
+
+
+def test_mean_and_standard_error():
+    m, se = mean_se([1.0, 0.0, 1.0, 0.0])
+    assert m == 0.5 and se == pytest.approx(math.sqrt((4 * 0.25 / 3) / 4))
+    assert mean_se([0.3]) == (0.3, 0.0) and mean_se([]) == (0.0, 0.0)
+
+
+def run(preset, seed, before, after, gain=0.1):
+    return {"preset": preset, "seed": seed, "before": {"greedy_accuracy": before, "problems": 16},
+            "after": {"greedy_accuracy": after, "pass@4": after + 0.1, "problems": 16}, "curve": [],
+            "revision_gain": gain, "generate_tokens": 1000, "seconds": 120.0}
+
+
+def test_comparison_table_is_mean_and_standard_error_over_seeds(tmp_path):
+    runs = [run("grpo_single", 0, 0.2, 0.3), run("grpo_single", 1, 0.2, 0.5),
+            run("rltf_sd", 0, 0.2, 0.6), run("rltf_sd", 1, 0.2, 0.6)]
+    text = write_table(runs, tmp_path / "t.md", "t")
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert "0.400 ± 0.100" in rows["grpo_single"]  # after: mean of 0.3, 0.5; se = 0.1414/sqrt(2)
+    assert "0.200 ± 0.100" in rows["grpo_single"]  # change
+    assert "0.600 ± 0.000" in rows["rltf_sd"] and "0.700 ± 0.000" in rows["rltf_sd"]  # pass@4
+    assert "16 distinct held-out problems" in text and (tmp_path / "t.md").read_text() == text
+
+
+@pytest.mark.integration
+def test_eval_cli_measures_everything_on_distinct_problems(tmp_path, tiny_path):
+    sys.path.insert(0, str(ROOT / "pipelines"))
+    import eval as eval_cli
+
+    out = tmp_path / "eval.json"
+    rc = eval_cli.main(["--config", "pipelines/configs/tiny.yaml", "--prompts", "6", "--pass-k", "1,2",
+                        "--samples", "2", "--feedback-rounds", "1", "--self-feedback-rounds", "1",
+                        "--output", str(out), "run.serve_http_port=8161"])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["problems"] == 6 and r["requested"] == 6 and r["version"] == 0
+    for k in ("greedy_accuracy", "pass@1", "pass@2", "feedback_accuracy_1", "self_feedback_accuracy_1"):
+        assert 0.0 <= r[k] <= 1.0 and r[f"{k}_se"] >= 0.0, k
+    assert r["pass@2"] >= r["pass@1"] and r["feedback_accuracy_1"] >= r["greedy_accuracy"]
+    assert r["feedback_critique_failed"] == 0 and r["pass_samples"] == 2
+
+
+@pytest.mark.integration
+def test_compare_runner_equal_prompts_table_picture_and_restart(tmp_path, tiny_path, capsys):
+    sys.path.insert(0, str(ROOT / "pipelines"))
+    import compare
+
+    argv = ["--config", "pipelines/configs/tiny.yaml", "--presets", "grpo_single,rltf_sd", "--seeds", "2",
+            "--name", "t", "--results", str(tmp_path), "run.steps=1", "eval.prompts=4",
+            "trainer.num_workers=1", "run.serve_http_port=8162"]
+    assert compare.main(argv) == 0
+    root = tmp_path / "t"
+    assert (root / "table.md").is_file() and (root / "curves.png").stat().st_size > 1000
+    runs = [json.loads(x) for x in (root / "runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 4
+    ids = {(r["preset"], r["seed"]): r["prompt_ids"] for r in runs}
+    for seed in (0, 1):  # equal budgets: both presets saw the same prompts in the same order
+        assert ids[("grpo_single", seed)] == ids[("rltf_sd", seed)] and ids[("rltf_sd", seed)][0]
+    assert ids[("rltf_sd", 0)] != ids[("rltf_sd", 1)]  # another seed, another stream
+    table = (root / "table.md").read_text()
+    assert "| grpo_single | 2 |" in table and "| rltf_sd | 2 |" in table
+    capsys.readouterr()
+    assert compare.main(argv) == 0  # restart: nothing is run again
+    assert "4 runs, 4 already finished" in capsys.readouterr().out
