@@ -32,9 +32,11 @@ def resolve_model(path: str) -> str:
         if not (folder / "config.json").is_file():
             raise ConfigError(f"model.path '{path}': {folder} is not built; run `make models`")
         return str(folder)
-    if os.path.sep in path or path.startswith("."):
+    if os.path.sep in path or path.startswith(".") or Path(path).is_dir():
         if not (Path(path) / "config.json").is_file():
             raise ConfigError(f"model.path '{path}': no config.json there (an HF model folder is expected)")
+        # absolute: Ray Train workers and engine actors do not share the driver's working dir
+        return str(Path(path).resolve())
     return path
 
 

@@ -35,6 +35,9 @@ def init_ray(cfg: Config) -> bool:
         ray.init(log_to_driver=True)
         return False
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # On a small, saturated machine Serve's HTTP proxy can take longer than its default 10 s
+    # health-check timeout to answer (or to start), and is then killed; give it a minute.
+    os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
     # Logical CPUs: engines and trainer workers each hold one; they take turns on the cores.
     n = cfg.run.local_num_cpus or max(8, os.cpu_count() or 1)
     # glibc gives each thread its own malloc arena; PyTorch's varying-size CPU buffers in

@@ -102,3 +102,14 @@ def test_prompt_file_rows_are_validated(tmp_path):
             read_prompt_file(str(bad))
     with pytest.raises(ConfigError, match="not found"):
         read_prompt_file(str(tmp_path / "missing.jsonl"))
+
+
+def test_a_relative_model_folder_resolves_to_an_absolute_path(tmp_path, monkeypatch):
+    from rltf_ray.models import resolve_model
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("m") == str(tmp_path / "m") and resolve_model("./m") == str(tmp_path / "m")
+    with pytest.raises(ConfigError, match="no config.json"):
+        resolve_model("./missing")
