@@ -56,7 +56,11 @@ def main(argv=None) -> int:
         return 2
     from rltf_ray.runner import run
 
-    summary = run(cfg)
+    try:
+        summary = run(cfg)
+    except ConfigError as e:  # found before anything started (e.g. bad rows in a prompt file)
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
     b, a = summary.get("before"), summary.get("after")
     if b and a:
         from rltf_ray.metrics import eval_line

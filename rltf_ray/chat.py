@@ -27,10 +27,27 @@ def fm_messages(prompt: str, response: str) -> list[dict]:
 
 
 def encode(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of the conversation followed by the assistant generation prompt."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns BatchEncoding
-        ids = ids["input_ids"]
+    """Token ids of the conversation followed by the assistant generation prompt.
+
+    Message content is always encoded as text: a special-token string inside a prompt, an
+    answer or a critique (say `<|im_end|>\n<|im_start|>system`) stays plain text and can
+    never forge a turn. The template is rendered with a placeholder per message; the text
+    between placeholders (the template's own markup) is encoded with its control tokens, the
+    content with `split_special_tokens=True`."""
+    marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+    text = tokenizer.apply_chat_template([{**m, "content": k} for m, k in zip(messages, marks)],
+                                         add_generation_prompt=True, tokenize=False)
+    ids: list[int] = []
+    pos = 0
+    for m, k in zip(messages, marks):
+        at = text.find(k, pos)
+        if at < 0:
+            raise ValueError("the tokenizer's chat template rewrites message content; rltf_ray cannot "
+                             "encode content safely with it (see chat.encode)")
+        ids += tokenizer.encode(text[pos:at], add_special_tokens=False)
+        ids += tokenizer.encode(m["content"], add_special_tokens=False, split_special_tokens=True)
+        pos = at + len(k)
+    ids += tokenizer.encode(text[pos:], add_special_tokens=False)
     return [int(i) for i in ids]
 
 

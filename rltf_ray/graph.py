@@ -28,6 +28,13 @@ class SourceParams:
     # JSONL or Parquet with `prompt` and `meta` columns; None = the task's generator.
     path: str | None = None
     batch_size: int = 64
+    # A bad row in `path`: "error" lists every bad row and stops before start-up; "skip"
+    # writes them to bad_rows.jsonl, counts them, and trains on the rest.
+    on_bad_row: str = "error"
+
+    def __post_init__(self):
+        if self.on_bad_row not in ("error", "skip"):
+            raise ConfigError(f"on_bad_row: expected error or skip, got {self.on_bad_row!r}")
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,7 @@ def build_examples(rows: list[dict], cfg: Config, tokenizer) -> tuple[list[Examp
                                    x1_ids=v.prompt_ids, x1_temperature=t_rev))
             if L.lambda_fm > 0 and v.critique:
                 fm = encode(tokenizer, fm_messages(r["prompt"], v.judged))
-                c = tokenizer(v.critique, add_special_tokens=False)["input_ids"]
+                c = tokenizer(v.critique, add_special_tokens=False, split_special_tokens=True)["input_ids"]
                 out.append(Example(fm + list(c) + [tokenizer.eos_token_id], len(fm), "fm"))
         # The reference distils only correct *revised* answers: a one-turn episode gives none.
         if L.lambda_sft > 0 and revs[i] and revs[i][-1].correct:

@@ -53,10 +53,27 @@ class Pipeline:
         self.order = validate(cfg)
         self.model_path = resolve_model(cfg.model.path)
         self.task = get_task(cfg.task)
-        self.source = PromptSource(self.task, node_params(cfg.node("source")), cfg.run.steps, cfg.run.seed)
+        self.source = PromptSource(self.task, node_params(cfg.node("source")), cfg.run.steps, cfg.run.seed,
+                                   self._prompt_fits())
         self.out = Path(cfg.run.output_dir).resolve()
         self.use_gpu = cfg.trainer.weight_sync == "nccl"
         self.dtype = resolve_dtype(cfg.model.dtype, self.use_gpu)
+
+    def _prompt_fits(self):
+        """A check that a file prompt, as the first turn's x0, leaves room for max_tokens."""
+        from rltf_ray.chat import encode, first_turn_messages, load_tokenizer
+
+        if not node_params(self.cfg.node("source")).path:
+            return None
+        tok = load_tokenizer(self.model_path)
+        max_tokens, limit = node_params(self.cfg.node("generate")).max_tokens, self.cfg.engine.max_model_len
+
+        def fits(prompt: str) -> str:
+            n = len(encode(tok, first_turn_messages(prompt)))
+            return "" if n + max_tokens <= limit else (
+                f"the prompt is {n} tokens; with max_tokens={max_tokens} it exceeds engine.max_model_len={limit}")
+
+        return fits
 
     # -- resources --------------------------------------------------------------------
     def start(self, train: bool = True) -> None:
@@ -70,6 +87,9 @@ class Pipeline:
 
         if train:
             (self.out / "rollouts").mkdir(parents=True, exist_ok=True)
+            self.source.write_bad_rows(self.out)
+            if self.source.bad_rows:
+                _log(f"skipped {len(self.source.bad_rows)} bad prompt row(s): {self.out / 'bad_rows.jsonl'}")
             (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
             (self.out / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
         self.started_ray = init_ray(self.cfg)
@@ -252,7 +272,7 @@ class Pipeline:
             row = {**M.rollout_metrics(table, run, self.cfg.binac if learned else None), **train,
                    "seconds_rollout": t_roll,
                    "seconds_step": time.perf_counter() - t0,
-                   "samples_seen": (step + 1) * table.num_rows,
+                   "samples_seen": (step + 1) * table.num_rows, "bad_prompt_rows": len(self.source.bad_rows),
                    "prompt_ids": list(dict.fromkeys(table.column("prompt_id").to_pylist()))}
             if run.eval_every and (step + 1) % run.eval_every == 0:
                 t1 = time.perf_counter()

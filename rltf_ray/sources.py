@@ -1,58 +1,109 @@
 """Prompt rows for each RL step, from a JSONL/Parquet file or the task's generator.
 
-File rows are validated up front (before Ray starts): each needs a non-empty string
-`prompt` and a `meta` object (the ground truth the task scores against)."""
+A prompt file is validated whole, before Ray starts, and every bad row is reported with its
+line, id and reason: bytes that are not UTF-8, a line that is not a JSON object, a missing,
+empty or non-string `prompt`, a missing `meta` or one the task cannot score (the task's own
+solution must score as correct against it), a null or duplicate `prompt_id`, and a prompt
+too long for the engine's context with the first turn's `max_tokens`. With
+`source.on_bad_row: error` (the default) the run stops with the list; with `skip` the bad rows
+go to `bad_rows.jsonl` beside the run's outputs, are counted, and the rest train."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rltf_ray.config import ConfigError
 from rltf_ray.graph import SourceParams
 from rltf_ray.tasks import Task
 
+SEED_STRIDE = 100_000  # generator problems per seed before two seeds' streams meet
+MAX_LISTED = 20  # bad rows named in the error; all of them go to bad_rows.jsonl with skip
 
-def read_prompt_file(path: str) -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"source.path: file not found: {p}")
+
+@dataclass
+class PromptFile:
+    rows: list[dict]
+    bad: list[dict] = field(default_factory=list)  # {"line", "prompt_id", "reason", "raw"}
+
+
+def _raw_lines(p: Path) -> list[tuple[int, object, str]]:
+    """(line, parsed JSON or an error reason string wrapped in Exception, raw text)."""
     if p.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        raw = [(i + 1, r) for i, r in enumerate(pq.read_table(p).to_pylist())]
-    elif p.suffix in (".jsonl", ".json"):
-        raw = []
-        for i, line in enumerate(p.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                raw.append((i, json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{p}:{i}: not valid JSON ({e.msg})") from None
-    else:
+        return [(i + 1, r, json.dumps(r, default=str)[:2000]) for i, r in enumerate(pq.read_table(p).to_pylist())]
+    out = []
+    for i, line in enumerate(p.read_bytes().split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            out.append((i, ValueError(f"not valid UTF-8 (byte {e.start})"), line[:2000].decode("utf-8", "replace")))
+            continue
+        try:
+            out.append((i, json.loads(text), text[:2000]))
+        except json.JSONDecodeError as e:
+            out.append((i, ValueError(f"not valid JSON ({e.msg})"), text[:2000]))
+    return out
+
+
+def _row_problem(task: Task, r: object, line: int) -> tuple[dict | None, str]:
+    """(row, "") or (None, the reason it is bad)."""
+    if isinstance(r, Exception):
+        return None, str(r)
+    if not isinstance(r, dict):
+        return None, "a prompt row must be a JSON object"
+    prompt, meta = r.get("prompt"), r.get("meta")
+    if not isinstance(prompt, str) or not prompt.strip():
+        return None, "missing, empty or non-string 'prompt'"
+    if isinstance(meta, str):
+        try:
+            meta = json.loads(meta)
+        except json.JSONDecodeError:
+            return None, "'meta' is a string but not JSON"
+    if not isinstance(meta, dict):
+        return None, "missing 'meta' object (the ground truth)"
+    reason = task.validate_meta(meta)
+    if reason:
+        return None, f"meta: {reason}"
+    pid = r.get("prompt_id", f"row-{line}")
+    if pid is None or (isinstance(pid, str) and not pid.strip()):
+        return None, "null or empty 'prompt_id'"
+    return {"prompt_id": str(pid), "prompt": prompt, "meta": json.dumps(meta, sort_keys=True)}, ""
+
+
+def read_prompt_file(path: str, task: Task, fits=None) -> PromptFile:
+    """Every row of the file, validated; `fits(prompt) -> reason or ""` checks its length."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"source.path: file not found: {p}")
+    if p.suffix not in (".jsonl", ".json", ".parquet"):
         raise ConfigError(f"source.path: {p} must end in .jsonl or .parquet")
-    rows = []
-    for line, r in raw:
-        if not isinstance(r, dict):
-            raise ConfigError(f"{p}:{line}: a prompt row must be an object")
-        prompt, meta = r.get("prompt"), r.get("meta")
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ConfigError(f"{p}:{line}: missing or empty 'prompt' string")
-        if isinstance(meta, str):
-            try:
-                meta = json.loads(meta)
-            except json.JSONDecodeError:
-                raise ConfigError(f"{p}:{line}: 'meta' is a string but not JSON") from None
-        if not isinstance(meta, dict):
-            raise ConfigError(f"{p}:{line}: missing 'meta' object (the ground truth)")
-        rows.append({"prompt_id": str(r.get("prompt_id", f"row-{line}")), "prompt": prompt,
-                     "meta": json.dumps(meta, sort_keys=True)})
-    if not rows:
-        raise ConfigError(f"{p}: no prompt rows")
-    return rows
+    out = PromptFile([])
+    seen: dict[str, int] = {}
+    for line, r, raw in _raw_lines(p):
+        row, reason = _row_problem(task, r, line)
+        if row is not None and row["prompt_id"] in seen:
+            reason = f"duplicate prompt_id {row['prompt_id']!r} (first on line {seen[row['prompt_id']]})"
+        elif row is not None and fits is not None:
+            reason = fits(row["prompt"])
+        if reason:
+            pid = r.get("prompt_id") if isinstance(r, dict) else None
+            out.bad.append({"line": line, "prompt_id": pid, "reason": reason, "raw": raw})
+            continue
+        seen[row["prompt_id"]] = line
+        out.rows.append(row)
+    return out
 
 
-SEED_STRIDE = 100_000  # generator problems per seed before two seeds' streams meet
+def bad_rows_error(path: str, bad: list[dict]) -> ConfigError:
+    listed = "\n".join(f"  {path}:{b['line']} (prompt_id {b['prompt_id']!r}): {b['reason']}" for b in bad[:MAX_LISTED])
+    more = f"\n  ... and {len(bad) - MAX_LISTED} more" if len(bad) > MAX_LISTED else ""
+    return ConfigError(f"source.path: {len(bad)} bad row(s) in {path}:\n{listed}{more}\n"
+                       "Fix them, or set pipeline.prompts.on_bad_row=skip to train on the rest "
+                       "(the bad rows then go to bad_rows.jsonl).")
 
 
 class PromptSource:
@@ -61,16 +112,29 @@ class PromptSource:
     problems from seed x 100,000 on, or a seeded permutation of a finite training split or of
     a prompt file's rows."""
 
-    def __init__(self, task: Task, params: SourceParams, steps: int, seed: int = 0):
+    def __init__(self, task: Task, params: SourceParams, steps: int, seed: int = 0, fits=None):
         self.task, self.params, self.seed = task, params, seed
-        self.file_rows = read_prompt_file(params.path) if params.path else None
-        if self.file_rows is not None and len(self.file_rows) < params.prompts_per_step:
-            raise ConfigError(f"source.path: {len(self.file_rows)} rows, fewer than "
-                              f"prompts_per_step={params.prompts_per_step}")
-        if self.file_rows is not None and seed:
-            import random
+        self.file_rows, self.bad_rows = None, []
+        if params.path:
+            got = read_prompt_file(params.path, task, fits)
+            if got.bad and params.on_bad_row == "error":
+                raise bad_rows_error(params.path, got.bad)
+            self.file_rows, self.bad_rows = got.rows, got.bad
+            if not self.file_rows:
+                raise ConfigError(f"source.path: {params.path} has no usable prompt rows")
+            if len(self.file_rows) < params.prompts_per_step:
+                raise ConfigError(f"source.path: {len(self.file_rows)} usable rows, fewer than "
+                                  f"prompts_per_step={params.prompts_per_step}")
+            if seed:
+                import random
 
-            random.Random(seed).shuffle(self.file_rows)
+                random.Random(seed).shuffle(self.file_rows)
+
+    def write_bad_rows(self, out: Path) -> None:
+        if self.bad_rows:
+            with open(out / "bad_rows.jsonl", "w") as f:
+                for b in self.bad_rows:
+                    f.write(json.dumps(b) + "\n")
 
     def _index(self, k: int) -> int:
         """The k-th training problem of this seed's stream."""

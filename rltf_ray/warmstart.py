@@ -77,7 +77,7 @@ def sft(model_path: str, pairs: list[tuple[list[dict], str]], out_dir: str, lr: 
     examples = []
     for conv, target in pairs:
         x = encode(tok, conv)
-        y = tok(target, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        y = tok(target, add_special_tokens=False, split_special_tokens=True)["input_ids"] + [tok.eos_token_id]
         examples.append((x + y, len(x)))
     rng = random.Random(seed)
     history = []

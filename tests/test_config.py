@@ -5,9 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from rltf_ray.config import ConfigError, load_config
+from rltf_ray.config import TaskConfig, ConfigError, load_config
 from rltf_ray.graph import draw
-from rltf_ray.sources import read_prompt_file
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "pipelines" / "configs" / "tiny.yaml"
@@ -88,20 +87,46 @@ def test_cli_dry_run_and_error_exit():
     assert bad.returncode == 2 and "trainer.zero_stage" in bad.stderr
 
 
-def test_prompt_file_rows_are_validated(tmp_path):
-    good = tmp_path / "p.jsonl"
-    good.write_text(json.dumps({"prompt": "What is 1 + 1?", "meta": {"answer": 2}}) + "\n")
-    assert read_prompt_file(str(good))[0]["meta"] == '{"answer": 2}'
-    for line, match in [('{"prompt": ""}', ":1: missing or empty 'prompt'"),
-                        ('{"prompt": "q"}', ":1: missing 'meta'"),
-                        ("not json", ":1: not valid JSON"),
-                        ('[1, 2]', "must be an object")]:
-        bad = tmp_path / "bad.jsonl"
-        bad.write_text(line + "\n")
-        with pytest.raises(ConfigError, match=match):
-            read_prompt_file(str(bad))
+def test_every_bad_prompt_row_is_reported_with_line_id_and_reason(tmp_path):
+    from rltf_ray.graph import SourceParams
+    from rltf_ray.sources import PromptSource
+    from rltf_ray.tasks import get_task
+
+    task = get_task(TaskConfig())
+    ok = {"a": 1, "b": 1, "op": "+", "answer": 2}
+    rows = [{"prompt_id": "a", "prompt": "What is 1 + 1?", "meta": ok},           # 1 good
+            None,                                                                 # 2: bad UTF-8
+            "not json",                                                           # 3
+            [1, 2],                                                               # 4
+            {"prompt_id": "c", "prompt": "", "meta": ok},                         # 5
+            {"prompt_id": "d", "prompt": "q"},                                    # 6
+            {"prompt_id": "e", "prompt": "q", "meta": {"a": 1}},                  # 7
+            {"prompt_id": "f", "prompt": "q", "meta": {**ok, "answer": "three"}}, # 8
+            {"prompt_id": None, "prompt": "q", "meta": ok},                       # 9
+            {"prompt_id": "a", "prompt": "again", "meta": ok},                    # 10
+            {"prompt_id": "g", "prompt": "x " * 400, "meta": ok},                 # 11
+            {"prompt_id": "h", "prompt": "What is 2 + 2?", "meta": ok}]           # 12 good
+    raw = [b'{"prompt_id": "b", "prompt": "caf\xff"}' if r is None else
+           (r if isinstance(r, str) else json.dumps(r)).encode() for r in rows]
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b"\n".join(raw) + b"\n")
+    fits = lambda p: "the prompt is too long" if len(p) > 300 else ""  # noqa: E731
+    with pytest.raises(ConfigError) as err:
+        PromptSource(task, SourceParams(path=str(path), prompts_per_step=1), 1, fits=fits)
+    msg = str(err.value)
+    assert "10 bad row(s)" in msg and "on_bad_row=skip" in msg
+    for line, reason in [(2, "not valid UTF-8"), (3, "not valid JSON"), (4, "must be a JSON object"),
+                         (5, "non-string 'prompt'"), (6, "missing 'meta'"), (7, "missing 'b', 'op', 'answer'"),
+                         (8, "does not verify as correct"), (9, "null or empty 'prompt_id'"),
+                         (10, "duplicate prompt_id 'a' (first on line 1)"), (11, "too long")]:
+        assert f"p.jsonl:{line} " in msg and reason in msg, (line, reason, msg)
+    src = PromptSource(task, SourceParams(path=str(path), prompts_per_step=1, on_bad_row="skip"), 1, fits=fits)
+    assert [r["prompt_id"] for r in src.file_rows] == ["a", "h"] and len(src.bad_rows) == 10
+    src.write_bad_rows(tmp_path)
+    written = [json.loads(x) for x in (tmp_path / "bad_rows.jsonl").read_text().splitlines()]
+    assert [b["line"] for b in written] == list(range(2, 12)) and all(b["raw"] for b in written)
     with pytest.raises(ConfigError, match="not found"):
-        read_prompt_file(str(tmp_path / "missing.jsonl"))
+        PromptSource(task, SourceParams(path=str(tmp_path / "missing.jsonl")), 1)
 
 
 def test_a_relative_model_folder_resolves_to_an_absolute_path(tmp_path, monkeypatch):

@@ -108,3 +108,24 @@ def test_math_task_through_the_serve_critic(serve_up):
     assert [r["critique_failed"] for r in out] == [False] * 4
     assert [r["correct_first"] for r in out] == [True, True, False, False]
     assert out[2]["critique"] == "Your answer is incorrect." and "could not be read" in out[3]["critique"]
+
+
+def test_one_bad_item_fails_alone_and_http_rejects_bad_bodies(serve_up):
+    from rltf_ray.stages.critique import MAX_REQUEST_BYTES, CriticItemError
+
+    p = deploy("crit_items", batch_wait_timeout_s=0.5)
+    handle = serve.get_app_handle("crit_items")
+    good = {"response": "<answer>42</answer>", "meta": {"a": 40, "b": 2, "op": "+", "answer": 42}}
+    calls = [handle.judge.remote(x) for x in (good, {"response": 7}, good, {"meta": {}})]
+    assert calls[0].result()["correct"] and calls[2].result()["correct"]
+    for bad in (calls[1], calls[3]):
+        with pytest.raises(CriticItemError, match="critic request must be"):
+            bad.result()
+    assert handle.stats.remote().result()["batches"] == 1  # all four shared one batch
+    url = f"http://127.0.0.1:{PORT}/crit_items"
+    assert requests.post(url, data=b"x" * (MAX_REQUEST_BYTES + 1), timeout=30).status_code == 413
+    r = requests.post(url, data=b"{not json", timeout=30)
+    assert r.status_code == 400 and "not JSON" in r.json()["error"]
+    r = requests.post(url, json={"response": 3}, timeout=30)
+    assert r.status_code == 400 and "critic request must be" in r.json()["error"]
+    assert requests.post(url, json=good, timeout=30).json()["correct"] is True

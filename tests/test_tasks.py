@@ -115,3 +115,18 @@ def test_held_out_rows_are_distinct_problems():
     assert len(task().held_out(64)) == 64
     math_rows = get_task(TaskConfig(name="math")).held_out(64)
     assert len(math_rows) == 10 and len({r["prompt"] for r in math_rows}) == 10  # the holdout size
+
+
+def test_answer_extraction_is_linear_and_takes_the_last_tag():
+    import time
+
+    from rltf_ray.tasks.base import last_tagged
+
+    assert last_tagged("x <answer>1</answer> y <ANSWER> 2 </Answer>") == " 2 "
+    assert last_tagged("<answer>a <answer>b</answer>") == "b" and last_tagged("<answer>open") is None
+    assert last_tagged("</answer><answer>") is None
+    t = task()
+    for hostile in ("<answer>" * 50_000, "</answer>" * 50_000, "<answer>1" * 30_000 + "</answer>"):
+        start = time.perf_counter()
+        t.score(hostile, {"answer": 1})
+        assert time.perf_counter() - start < 0.2  # 400 KB; the old regex took 1.6 s on 40 KB

@@ -6,6 +6,7 @@ row, retries failures with backoff, and marks rows whose critique still failed a
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -28,14 +29,54 @@ DEPLOYMENT_OPTIONS = dict(ray_actor_options={"num_cpus": 0}, max_ongoing_request
                           logging_config={"log_level": "WARNING", "enable_access_log": False})
 
 
+MAX_REQUEST_BYTES = 1_000_000  # an HTTP critic request larger than this is refused (413)
+ITEM_ERROR = "_critic_item_error"  # a batched critic's marker for one item that failed
+
+
+class CriticItemError(ValueError):
+    """One request the critic could not judge (malformed, or its scoring raised)."""
+
+
+def per_item(fn, items: list) -> list:
+    """`fn(item)` for each item; an item that raises gets an error marker instead, so one
+    bad item never fails the other requests of its `@serve.batch`."""
+    out = []
+    for x in items:
+        try:
+            out.append(fn(x))
+        except Exception as e:  # reported to that item's caller by `judge`
+            out.append({ITEM_ERROR: f"{type(e).__name__}: {e}"[:500]})
+    return out
+
+
 class CriticEndpoints:
-    """What every critic deployment serves besides `judge`: HTTP and call counters."""
+    """What every critic deployment serves: `judge(item)` (one request; batched critics
+    implement `judge_batch`), HTTP with size and shape checks, and call counters."""
 
     batches = 0
     requests = 0
 
-    async def __call__(self, request) -> dict:
-        return await self.judge(await request.json())
+    async def judge(self, item: dict) -> dict:
+        res = await self.judge_batch(item)
+        if isinstance(res, dict) and ITEM_ERROR in res:
+            raise CriticItemError(res[ITEM_ERROR])
+        return res
+
+    async def __call__(self, request):
+        from starlette.responses import JSONResponse
+
+        body = await request.body()
+        if len(body) > MAX_REQUEST_BYTES:
+            return JSONResponse({"error": f"request body is {len(body)} bytes; the limit is "
+                                          f"{MAX_REQUEST_BYTES}"}, status_code=413)
+        try:
+            item = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return JSONResponse({"error": f"request body is not JSON: {e}"}, status_code=400)
+        try:
+            return await self.judge(item)
+        except CriticItemError as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
 
     def stats(self) -> dict:
         return {"batches": self.batches, "requests": self.requests}
@@ -51,8 +92,8 @@ class ProgrammaticCritic(CriticEndpoints):
 
     def __init__(self, task: dict, max_batch_size: int = 64, batch_wait_timeout_s: float = 0.01):
         self.task = get_task(_build(TaskConfig, task, "task"))
-        self.judge.set_max_batch_size(max_batch_size)
-        self.judge.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self.judge_batch.set_max_batch_size(max_batch_size)
+        self.judge_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
     def judge_one(self, item: dict) -> dict:
         if not isinstance(item, dict) or not isinstance(item.get("response"), str) or "meta" not in item:
@@ -63,10 +104,11 @@ class ProgrammaticCritic(CriticEndpoints):
                 "critique": self.task.critique(item["response"], meta)}
 
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.01)
-    async def judge(self, items: list[dict]) -> list[dict]:
+    async def judge_batch(self, items: list[dict]) -> list[dict]:
         self.batches += 1
         self.requests += len(items)
-        return [self.judge_one(x) for x in items]
+        # scoring can be CPU-heavy (math-verify, puzzles): keep the replica's event loop free
+        return await asyncio.to_thread(per_item, self.judge_one, items)
 
 
 @serve.deployment(**DEPLOYMENT_OPTIONS)

@@ -14,7 +14,7 @@ import re
 
 from ray import serve
 
-from rltf_ray.stages.critique import DEPLOYMENT_OPTIONS, CriticEndpoints
+from rltf_ray.stages.critique import DEPLOYMENT_OPTIONS, CriticEndpoints, CriticItemError, per_item
 
 VERDICT = re.compile(r"Your previous attempt was (correct|incorrect)\.?", re.IGNORECASE)
 OPEN, CLOSE = "<<<ATTEMPT", "ATTEMPT>>>"
@@ -105,8 +105,8 @@ class LLMJudgeCritic(CriticEndpoints):
                        max_model_len=max_model_len, seed=0)
         self.tokenizer = self.llm.get_tokenizer()
         self.max_tokens = max_tokens
-        self.judge.set_max_batch_size(max_batch_size)
-        self.judge.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self.judge_batch.set_max_batch_size(max_batch_size)
+        self.judge_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
     def _generate(self, prompts: list[list[int]], choices: list[tuple[str, ...]] | None = None) -> list[str]:
         from vllm import SamplingParams
@@ -127,7 +127,14 @@ class LLMJudgeCritic(CriticEndpoints):
         constrained pass (vLLM structured outputs), so even a small judge always decides."""
         from rltf_ray.chat import encode
 
-        fields = [_item_fields(x) for x in items]
+        parsed = per_item(_item_fields, items)
+        good = [i for i, f in enumerate(parsed) if not isinstance(f, dict)]  # dicts: item errors
+        results = self._judge_parsed([parsed[i] for i in good]) if good else []
+        for i, r in zip(good, results):
+            parsed[i] = r
+        return parsed
+
+    def _judge_parsed(self, fields: list[tuple]) -> list[dict]:
         convs = [judge_messages(*f) for f in fields]
         texts = self._generate([encode(self.tokenizer, c) for c in convs])
         missing = [i for i, (t, f) in enumerate(zip(texts, fields)) if not _result(t, f[2])["format_ok"]]
@@ -142,7 +149,7 @@ class LLMJudgeCritic(CriticEndpoints):
         return [_result(t, f[2]) for t, f in zip(texts, fields)]
 
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.05)
-    async def judge(self, items: list[dict]) -> list[dict]:
+    async def judge_batch(self, items: list[dict]) -> list[dict]:
         self.batches += 1
         self.requests += len(items)
         return await asyncio.to_thread(self._judge_all, items)  # keep the replica's loop free
@@ -170,7 +177,10 @@ class OpenAICritic(CriticEndpoints):
     async def judge(self, item: dict) -> dict:
         self.requests += 1
         self.batches += 1  # unbatched: one endpoint call per request
-        question, attempt, meta = _item_fields(item)
+        try:
+            question, attempt, meta = _item_fields(item)
+        except ValueError as e:
+            raise CriticItemError(str(e)) from None
         body = {"model": self.model, "messages": judge_messages(question, attempt, meta),
                 "max_tokens": self.max_tokens, "temperature": 0.0}
         r = await self.client.post("/chat/completions", json=body)

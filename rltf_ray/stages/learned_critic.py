@@ -15,7 +15,7 @@ from ray import serve
 
 from rltf_ray.chat import encode, load_tokenizer
 from rltf_ray.config import BinacConfig, _build
-from rltf_ray.stages.critique import DEPLOYMENT_OPTIONS, CriticEndpoints
+from rltf_ray.stages.critique import DEPLOYMENT_OPTIONS, CriticEndpoints, per_item
 from rltf_ray.stages.judges import CLOSE, INJECTION_NOTE, OPEN, _item_fields, parse_verdict
 
 
@@ -47,8 +47,8 @@ class LearnedCritic(CriticEndpoints):
         self.engines = [ray.get_actor(n) for n in engine_names]
         self.model_path = model_path
         self.b = _build(BinacConfig, binac, "binac")
-        self.judge.set_max_batch_size(max_batch_size)
-        self.judge.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self.judge_batch.set_max_batch_size(max_batch_size)
+        self.judge_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
     def _prompt(self, item: dict) -> list[int]:
         question, attempt, _ = _item_fields(item)
@@ -56,17 +56,18 @@ class LearnedCritic(CriticEndpoints):
         return encode(load_tokenizer(self.model_path), critic_messages(self.b.prompt, question, attempt, verdict))
 
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.05)
-    async def judge(self, items: list[dict]) -> list[dict]:
+    async def judge_batch(self, items: list[dict]) -> list[dict]:
         self.batches += 1
         self.requests += len(items)
-        prompts = [self._prompt(x) for x in items]
-        shards = [list(range(i, len(prompts), len(self.engines))) for i in range(len(self.engines))]
+        out: list = per_item(self._prompt, items)  # a malformed item fails alone
+        good = [i for i, x in enumerate(out) if not isinstance(x, dict)]
+        prompts = {i: out[i] for i in good}
+        shards = [good[i::len(self.engines)] for i in range(len(self.engines))]
         calls = [(idx, e.generate.remote([prompts[i] for i in idx], n=self.b.critiques_per_attempt,
                                          temperature=self.b.temperature, top_p=1.0,
                                          max_tokens=self.b.max_tokens))
                  for e, idx in zip(self.engines, shards) if idx]
         results = await asyncio.gather(*(ref for _, ref in calls))
-        out: list = [None] * len(items)
         for (idx, _), res in zip(calls, results):
             for i, group in zip(idx, res["outputs"]):
                 texts = [g.text.strip() for g in group]

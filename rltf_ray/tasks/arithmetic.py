@@ -14,6 +14,8 @@ _SPLIT_SALT = {"train": 0, "test": 1_000_003}
 
 @register_task("arithmetic")
 class Arithmetic(Task):
+    meta_keys = ("a", "b", "op", "answer")
+
     def __init__(self, cfg):
         super().__init__(cfg)
         p = dict(cfg.params)

@@ -49,6 +49,7 @@ def last_boxed(text: str) -> str | None:
 @register_task("math")
 class MathTask(FileTask):
     answer_format = "\\boxed{...}"
+    meta_keys = ("question", "answer")
 
     builtin = BUILTIN
     row_schema = "need 'problem' (string) and 'answer'"

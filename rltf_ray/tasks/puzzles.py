@@ -32,6 +32,7 @@ class ReasoningGymTask(Task):
     answer is read from the last non-empty line, since these answers are not numbers."""
 
     dataset = ""
+    meta_keys = ("question", "answer", "metadata")
 
     def __init__(self, cfg, dataset: str | None = None):
         super().__init__(cfg)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rltf_ray.config import ConfigError
-from rltf_ray.tasks.base import ANSWER_TAG, FileTask, register_task
+from rltf_ray.tasks.base import FileTask, last_tagged, register_task
 
 BUILTIN = Path(__file__).parent / "data" / "writing_prompts.jsonl"
 
@@ -22,6 +22,7 @@ class NoVerifierError(RuntimeError):
 @register_task("writing")
 class WritingTask(FileTask):
     has_verifier = False
+    meta_keys = ("question", "rubric")
     answer_format = "<answer>...</answer>"
 
     builtin = BUILTIN
@@ -46,8 +47,8 @@ class WritingTask(FileTask):
         return meta["question"] + "\n\nPut your finished piece inside <answer>...</answer>."
 
     def extract(self, text: str) -> tuple[str | None, bool]:
-        tags = ANSWER_TAG.findall(text)
-        return (tags[-1].strip() if tags else text.strip()) or None, bool(tags)
+        tagged = last_tagged(text)
+        return (text if tagged is None else tagged).strip() or None, tagged is not None
 
     def check(self, answer: str, meta: dict) -> bool:
         raise NoVerifierError("task 'writing' has no verifier: its rewards come from the critic's "
