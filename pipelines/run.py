@@ -18,6 +18,9 @@ def main(argv=None) -> int:
     ap.add_argument("--config", help="YAML config (pipelines/configs/*.yaml)")
     ap.add_argument("--preset", help="objective preset (see --list-presets)")
     ap.add_argument("--output-dir", help="where metrics, rollouts and checkpoints go")
+    ap.add_argument("--resume", metavar="OUTPUT_DIR",
+                    help="continue the run in OUTPUT_DIR from its last checkpoint (its saved config.yaml "
+                         "is used unless --config is given)")
     ap.add_argument("--dry-run", action="store_true", help="print the resolved config and graph, start nothing")
     ap.add_argument("--graph", metavar="FILE", help="draw the pipeline graph (.svg .png .dot .mmd)")
     ap.add_argument("--list-presets", action="store_true")
@@ -33,6 +36,14 @@ def main(argv=None) -> int:
     overrides = list(args.overrides)
     if args.output_dir:
         overrides.append(f"run.output_dir={args.output_dir}")
+    if args.resume:
+        saved = Path(args.resume) / "config.yaml"
+        if args.config is None and not saved.is_file():
+            print(f"config error: --resume {args.resume}: no config.yaml there (not a run's output dir?)",
+                  file=sys.stderr)
+            return 2
+        args.config = args.config or str(saved)
+        overrides += [f"run.output_dir={args.resume}", "run.resume=must"]
     try:
         cfg = load_config(args.config, overrides, preset=args.preset)
         if args.graph:

@@ -216,6 +216,16 @@ class RunConfig:
     eval_before_after: bool = True
     # Held-out evaluation every this many steps (0 = off), written into metrics.jsonl.
     eval_every: int = 0
+    # Continue a run from its last checkpoint: "never" (a fresh run; a previous run's trainer
+    # state in the output dir is cleared), "auto" (resume if there is a checkpoint), "must"
+    # (resume, and fail if there is none). `pipelines/run.py --resume DIR` sets "must".
+    resume: str = "never"
+    # Ray Train restarts crashed training workers from the last checkpoint this many times.
+    max_failures: int = 0
+    keep_checkpoints: int = 2  # Ray Train checkpoints kept (CheckpointConfig.num_to_keep)
+    # Where Ray Train persists checkpoints: a path or a pyarrow URI (s3://...). On a
+    # multi-node cluster it must be storage every node sees. None = <output_dir>/ray_train.
+    storage_path: str | None = None
     # Logical CPUs for an embedded (in-process) Ray; None = max(8, os.cpu_count()).
     local_num_cpus: int | None = None
     serve_http_port: int = 8000
@@ -230,6 +240,10 @@ class RunConfig:
             raise ConfigError("run.steps: must be >= 1")
         if self.eval_every < 0:
             raise ConfigError("run.eval_every: must be >= 0")
+        if self.resume not in ("never", "auto", "must"):
+            raise ConfigError(f"run.resume: expected never, auto or must, got {self.resume!r}")
+        if self.max_failures < 0 or self.keep_checkpoints < 1:
+            raise ConfigError("run.max_failures must be >= 0 and run.keep_checkpoints >= 1")
 
     @property
     def rounds(self) -> int:

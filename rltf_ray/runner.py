@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from rltf_ray import metrics as M
-from rltf_ray.config import Config
+from rltf_ray.config import Config, ConfigError
 from rltf_ray.graph import node_params, node_round, validate
 from rltf_ray.models import resolve_dtype, resolve_model
 from rltf_ray.sources import PromptSource
@@ -131,18 +131,40 @@ class Pipeline:
         _log(f"{len(self.engines)} vLLM engine(s) ready, dtype {self.dtype} ({time.perf_counter() - t:.1f}s)")
         if not train:
             return
+        self._prepare_resume()
         self.broker_name = f"rltf_broker_{uuid.uuid4().hex[:8]}"
         self.broker = StepBroker.options(name=self.broker_name).remote()
         self.fit_error: BaseException | None = None
         self.fit_thread = threading.Thread(target=self._fit, daemon=True)
         self.fit_thread.start()
 
+    @property
+    def storage(self) -> str:
+        return self.cfg.run.storage_path or str(self.out / "ray_train")
+
+    def _prepare_resume(self) -> None:
+        """A fresh run clears a previous run's trainer state in a local storage path (else Ray
+        Train would resume it silently); `resume: must` needs a checkpoint to resume from."""
+        import shutil
+
+        run = self.cfg.run
+        local = "://" not in self.storage
+        learner = Path(self.storage) / "learner"
+        has_ckpt = local and any(learner.glob("checkpoint_*"))
+        if run.resume == "must" and local and not has_ckpt:
+            raise ConfigError(f"run.resume=must: no checkpoint under {learner} (checkpoints are written every "
+                              "run.checkpoint_every steps and at the end of a run)")
+        if run.resume == "never" and local and learner.exists():
+            _log(f"a fresh run: clearing the previous trainer state in {learner}")
+            shutil.rmtree(learner)
+
     def _fit(self) -> None:
-        from ray.train import RunConfig, ScalingConfig
+        from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
         from rltf_ray.trainer import train_loop
 
+        run = self.cfg.run
         try:
             TorchTrainer(
                 train_loop,
@@ -155,7 +177,9 @@ class Pipeline:
                 scaling_config=ScalingConfig(num_workers=self.cfg.trainer.num_workers,
                                              use_gpu=self.use_gpu,
                                              resources_per_worker={"CPU": 1}),
-                run_config=RunConfig(name="learner", storage_path=str(self.out / "ray_train")),
+                run_config=RunConfig(name="learner", storage_path=self.storage,
+                                     failure_config=FailureConfig(max_failures=run.max_failures),
+                                     checkpoint_config=CheckpointConfig(num_to_keep=run.keep_checkpoints)),
             ).fit()
         except BaseException as e:  # surfaced by wait_result with the step it broke
             self.fit_error = e
@@ -205,16 +229,24 @@ class Pipeline:
                                f"expected {expected}; rows were lost in the pipeline")
         return table
 
-    def wait_result(self, step: int) -> dict:
+    def _wait(self, call, what: str):
+        """Poll the broker, and fail with the trainer's own error if it has stopped."""
         import ray
 
         while True:
-            res = ray.get(self.broker.get_result.remote(step, 5.0))
+            res = ray.get(call())
             if res is not None:
                 return res
             if not self.fit_thread.is_alive():
-                raise RuntimeError(f"the trainer stopped before finishing step {step}: "
-                                   f"{self.fit_error!r}") from self.fit_error
+                raise RuntimeError(f"the trainer stopped before {what}: {self.fit_error!r}") from self.fit_error
+
+    def wait_result(self, step: int) -> dict:
+        return self._wait(lambda: self.broker.get_result.remote(step, 5.0), f"finishing step {step}")
+
+    def wait_start(self) -> int:
+        """The first step to run: 0, or the step after the checkpoint the trainer restored
+        (it has pushed the restored weights into the engines by then)."""
+        return self._wait(lambda: self.broker.get_start.remote(5.0), "starting")
 
     def evaluator(self):
         from rltf_ray.evaluation import Evaluator
@@ -254,12 +286,23 @@ class Pipeline:
 
         summary: dict = {}
         run = self.cfg.run
-        if run.eval_before_after:
-            summary["before"] = self.evaluate()
-            _log("before training: " + M.eval_line(summary["before"]))
-        mpath = self.out / "metrics.jsonl"
-        mpath.write_text("")
-        for step in range(run.steps):
+        start = self.wait_start()
+        mpath, before = self.out / "metrics.jsonl", self.out / "eval_before.json"
+        if start:
+            _log(f"resuming at step {start + 1} (policy version "
+                 f"{ray.get(self.engines[0].ready.remote())}, restored from the last checkpoint)")
+            kept = [x for x in (mpath.read_text().splitlines() if mpath.exists() else [])
+                    if x.strip() and json.loads(x)["step"] < start]
+            mpath.write_text("".join(x + "\n" for x in kept))  # metrics append from here
+            if before.exists():
+                summary["before"] = json.loads(before.read_text())
+        else:
+            mpath.write_text("")
+            if run.eval_before_after:
+                summary["before"] = self.evaluate()
+                before.write_text(json.dumps(summary["before"]))
+                _log("before training: " + M.eval_line(summary["before"]))
+        for step in range(start, run.steps):
             t0 = time.perf_counter()
             table = self.rollout(step)
             t_roll = time.perf_counter() - t0
@@ -285,7 +328,7 @@ class Pipeline:
         self.fit_thread.join(timeout=120)
         if self.fit_error is not None:
             raise RuntimeError(f"the trainer failed at the end of the run: {self.fit_error!r}")
-        if run.eval_before_after:
+        if run.eval_before_after and "before" in summary:
             summary["after"] = self.evaluate()
             _log("after training: " + M.eval_line(summary["after"]))
         summary["engine_versions"] = ray.get([e.ready.remote() for e in self.engines])

@@ -8,8 +8,10 @@ then rank 0 pushes the new weights to every engine before the next step's rollou
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
+import tempfile
 import time
 
 import ray
@@ -21,25 +23,48 @@ from rltf_ray.objectives import (MAX_KEYS, RL_TERMS, SUM_KEYS, TERMS, Example, b
 
 @ray.remote(num_cpus=0)
 class StepBroker:
-    """Hand-off between the driver (producer of rollouts) and the trainer workers."""
+    """Hand-off between the driver (producer of rollouts) and the trainer workers.
+
+    A step's rollouts stay here until a checkpoint covers them (`release`), so training
+    workers that Ray Train restarts from the last checkpoint can train those steps again;
+    the trainer announces the step it starts from (`set_start`) once the engines serve the
+    weights it restored, and the driver waits for that before its first rollout."""
 
     def __init__(self):
         self.steps: dict[int, list] = {}
         self.results: dict[int, dict] = {}
         self.events: dict[tuple[str, int], asyncio.Event] = {}
+        self.start: int | None = None
+        self.restarts = -1  # set_start is called once per (re)start of the worker group
 
     def _event(self, kind: str, step: int) -> asyncio.Event:
         return self.events.setdefault((kind, step), asyncio.Event())
 
     async def put_step(self, step: int, rows_ref: list) -> None:
         self.steps[step] = rows_ref
-        for old in [s for s in self.steps if s < step]:  # every worker has fetched those
-            del self.steps[old]
         self._event("step", step).set()
+
+    async def release(self, before: int) -> None:
+        for old in [s for s in self.steps if s < before]:  # covered by a checkpoint
+            del self.steps[old]
 
     async def get_step(self, step: int) -> list | None:
         await self._event("step", step).wait()
         return self.steps[step]
+
+    async def set_start(self, step: int) -> None:
+        self.start, self.restarts = step, self.restarts + 1
+        self._event("start", 0).set()
+
+    async def get_start(self, timeout_s: float) -> int | None:
+        try:
+            await asyncio.wait_for(self._event("start", 0).wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return None
+        return self.start
+
+    async def stats(self) -> dict:
+        return {"held_steps": sorted(self.steps), "restarts": self.restarts}
 
     async def put_result(self, step: int, metrics: dict) -> None:
         self.results[step] = metrics
@@ -267,9 +292,10 @@ class Learner:
         if rank == 0:
             self.sync.connect(engines)
 
-    def push(self) -> dict:
-        """Gather the full weights (a collective), and from rank 0 push them as a new version."""
-        self.version += 1
+    def push(self, bump: bool = True) -> dict:
+        """Gather the full weights (a collective), and from rank 0 push them as a new version
+        (or, `bump=False`, as the current one: after a restore)."""
+        self.version += int(bump)
         state = full_state_dict(self.engine, self.zero_stage)
         if self.rank == 0:
             self.sync.push(state.items(), self.version)
@@ -278,6 +304,52 @@ class Learner:
     def save(self, path: str, state: dict, tokenizer) -> None:
         self.engine.module.save_pretrained(path, state_dict=state)
         tokenizer.save_pretrained(path)
+
+
+def save_train_state(tmp: str, step: int, actor: Learner, critic: Learner | None, rank: int) -> None:
+    """Everything a resumed run needs, in this rank's share of a Ray Train checkpoint: the
+    DeepSpeed checkpoints (weights and optimizer state) of the actor and the critic, this
+    rank's RNG states, and (rank 0) the step and versions."""
+    import random
+
+    import numpy as np
+    import torch
+
+    actor.engine.save_checkpoint(os.path.join(tmp, "actor"), tag="ds")
+    if critic is not None:
+        critic.engine.save_checkpoint(os.path.join(tmp, "critic"), tag="ds")
+    torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+               os.path.join(tmp, f"rng_rank{rank}.pt"))
+    if rank == 0:
+        with open(os.path.join(tmp, "state.json"), "w") as f:
+            json.dump({"step": step, "policy_version": actor.version,
+                       "critic_version": critic.version if critic else 0}, f)
+
+
+def load_train_state(ckpt, actor: Learner, critic: Learner | None, rank: int) -> int:
+    """Restore from a Ray Train checkpoint; returns the first step still to train."""
+    import random
+
+    import torch
+
+    with ckpt.as_directory() as d:
+        with open(os.path.join(d, "state.json")) as f:
+            state = json.load(f)
+        actor.engine.load_checkpoint(os.path.join(d, "actor"), tag="ds")
+        if critic is not None:
+            critic.engine.load_checkpoint(os.path.join(d, "critic"), tag="ds")
+        rng_file = os.path.join(d, f"rng_rank{rank}.pt")
+        if os.path.exists(rng_file):  # absent if the world size changed
+            import numpy as np
+
+            rng = torch.load(rng_file, weights_only=False)
+            torch.set_rng_state(rng["torch"])
+            np.random.set_state(rng["numpy"])
+            random.setstate(rng["python"])
+    actor.version = state["policy_version"]
+    if critic is not None:
+        critic.version = state["critic_version"]
+    return int(state["step"])
 
 
 def train_loop(config: dict) -> None:
@@ -312,7 +384,16 @@ def train_loop(config: dict) -> None:
     if cfg.loss.kl_coef > 0:  # only then is the frozen reference loaded at all
         ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         ref_model.to(next(actor.engine.module.parameters()).device)
-    for step in range(cfg.run.steps):
+    start = 0
+    ckpt = ray.train.get_checkpoint()  # after a worker crash, or a resumed run
+    if ckpt is not None:
+        start = load_train_state(ckpt, actor, critic, rank)
+        actor.push(bump=False)  # the engines serve the restored weights before any rollout
+        if critic is not None:
+            critic.push(bump=False)
+    if rank == 0:
+        ray.get(broker.set_start.remote(start))
+    for step in range(start, cfg.run.steps):
         got = ray.get(broker.get_step.remote(step))
         rows = ray.get(got[0])
         metrics: dict = {"step": step, "seconds_train": 0.0, "seconds_sync": 0.0}
@@ -329,6 +410,10 @@ def train_loop(config: dict) -> None:
             states["critic"] = critic.push()
             metrics["seconds_sync"] += time.perf_counter() - t1
         metrics["seconds_train"] = time.perf_counter() - t0 - metrics["seconds_sync"]
+        metrics.update({"policy_version": actor.version, "actor_trained": "loss" in metrics})
+        if binac is not None:
+            metrics.update({"critic_version": critic.version if critic else 0,
+                            "critic_trained": "loss_critic" in metrics})
         last = step == cfg.run.steps - 1
         every = cfg.run.checkpoint_every
         if last or (every and (step + 1) % every == 0):
@@ -337,16 +422,19 @@ def train_loop(config: dict) -> None:
             cstate = None
             if critic is not None:
                 cstate = states.get("critic") or full_state_dict(critic.engine, critic.zero_stage)
-            if rank == 0:
+            if rank == 0:  # HF folders that vLLM and pipelines/eval.py load
                 actor.save(path, state, tokenizer)
                 if cstate is not None:
                     critic.save(os.path.join(path, "critic"), cstate, critic_tok)
-        states.clear()
-        metrics.update({"policy_version": actor.version, "actor_trained": "loss" in metrics})
-        if binac is not None:
-            metrics.update({"critic_version": critic.version if critic else 0,
-                            "critic_trained": "loss_critic" in metrics})
-        ray.train.report(metrics)
+            states.clear()
+            with tempfile.TemporaryDirectory() as tmp:
+                save_train_state(tmp, step + 1, actor, critic, rank)
+                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+            if rank == 0:
+                ray.get(broker.release.remote(step + 1))
+        else:
+            states.clear()
+            ray.train.report(metrics)
         if rank == 0:
             ray.get(broker.put_result.remote(step, metrics))
     if rank == 0:
