@@ -226,6 +226,13 @@ class RunConfig:
     # Where Ray Train persists checkpoints: a path or a pyarrow URI (s3://...). On a
     # multi-node cluster it must be storage every node sees. None = <output_dir>/ray_train.
     storage_path: str | None = None
+    # Experiment logs besides metrics.jsonl (rltf_ray/tracking.py): TensorBoard event files
+    # (default on); MLflow (a tracking URI) and Weights & Biases (a project) only when set.
+    tensorboard: bool = True
+    # Prometheus port of an embedded Ray's metrics agent (ray_rltf_* gauges); None = Ray's pick.
+    metrics_export_port: int | None = None
+    mlflow: str | None = None
+    wandb_project: str | None = None
     # Logical CPUs for an embedded (in-process) Ray; None = max(8, os.cpu_count()).
     local_num_cpus: int | None = None
     serve_http_port: int = 8000

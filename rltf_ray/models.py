@@ -32,6 +32,9 @@ def resolve_model(path: str) -> str:
         if not (folder / "config.json").is_file():
             raise ConfigError(f"model.path '{path}': {folder} is not built; run `make models`")
         return str(folder)
+    hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~")) and not Path(path).exists()
+    if hub_id:  # "org/name": a Hub model, fetched by vLLM and transformers where they run
+        return path
     if os.path.sep in path or path.startswith(".") or Path(path).is_dir():
         if not (Path(path) / "config.json").is_file():
             raise ConfigError(f"model.path '{path}': no config.json there (an HF model folder is expected)")

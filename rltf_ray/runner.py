@@ -21,6 +21,9 @@ from rltf_ray.sources import PromptSource
 from rltf_ray.tasks import get_task
 
 
+LEARNER = "rltf-learner"  # the Ray Train run's name (its checkpoints live under storage_path/LEARNER)
+
+
 def _log(msg: str) -> None:
     print(f"[rltf] {msg}", flush=True)
 
@@ -42,8 +45,10 @@ def init_ray(cfg: Config) -> bool:
     n = cfg.run.local_num_cpus or max(8, os.cpu_count() or 1)
     # glibc gives each thread its own malloc arena; PyTorch's varying-size CPU buffers in
     # Ray's many-threaded workers then fragment memory badly. Two arenas keep RSS flat.
-    ray.init(num_cpus=n, include_dashboard=True, dashboard_host="127.0.0.1",
-             runtime_env={"env_vars": {"MALLOC_ARENA_MAX": "2"}})
+    extra = {"_metrics_export_port": cfg.run.metrics_export_port} if cfg.run.metrics_export_port else {}
+    ctx = ray.init(num_cpus=n, include_dashboard=True, dashboard_host="127.0.0.1",
+                   runtime_env={"env_vars": {"MALLOC_ARENA_MAX": "2"}}, **extra)
+    _log(f"local Ray started in-process; dashboard at http://{ctx.dashboard_url}")
     return True
 
 
@@ -93,6 +98,7 @@ class Pipeline:
             (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
             (self.out / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
         self.started_ray = init_ray(self.cfg)
+        self.run_id = uuid.uuid4().hex[:6]  # keeps actor names unique when runs share a cluster
         crit = node_params(self.cfg.node("critique"))
         self.critic_params = crit
         self.critic_engines: list = []
@@ -104,7 +110,7 @@ class Pipeline:
 
             b = self.cfg.binac
             self.critic_model = resolve_model(b.critic_model or self.cfg.model.path)
-            name = f"rltf-critic-engine-{uuid.uuid4().hex[:6]}"
+            name = f"rltf/critic-engine-{self.run_id}"
             t = time.perf_counter()
             ecfg = dataclasses.replace(self.cfg.engine, num_engines=b.num_engines)
             self.critic_engines = start_engines(self.critic_model, ecfg, self.dtype, self.cfg.run.seed + 1000,
@@ -127,12 +133,12 @@ class Pipeline:
         _log(f"critic app '{crit.app_name}' ready ({time.perf_counter() - t:.1f}s)")
         t = time.perf_counter()
         self.engines = start_engines(self.model_path, self.cfg.engine, self.dtype,
-                                     self.cfg.run.seed, self.use_gpu)
+                                     self.cfg.run.seed, self.use_gpu, name=f"rltf/engine-{self.run_id}")
         _log(f"{len(self.engines)} vLLM engine(s) ready, dtype {self.dtype} ({time.perf_counter() - t:.1f}s)")
         if not train:
             return
         self._prepare_resume()
-        self.broker_name = f"rltf_broker_{uuid.uuid4().hex[:8]}"
+        self.broker_name = f"rltf/broker-{self.run_id}"
         self.broker = StepBroker.options(name=self.broker_name).remote()
         self.fit_error: BaseException | None = None
         self.fit_thread = threading.Thread(target=self._fit, daemon=True)
@@ -149,7 +155,7 @@ class Pipeline:
 
         run = self.cfg.run
         local = "://" not in self.storage
-        learner = Path(self.storage) / "learner"
+        learner = Path(self.storage) / LEARNER
         has_ckpt = local and any(learner.glob("checkpoint_*"))
         if run.resume == "must" and local and not has_ckpt:
             raise ConfigError(f"run.resume=must: no checkpoint under {learner} (checkpoints are written every "
@@ -177,7 +183,7 @@ class Pipeline:
                 scaling_config=ScalingConfig(num_workers=self.cfg.trainer.num_workers,
                                              use_gpu=self.use_gpu,
                                              resources_per_worker={"CPU": 1}),
-                run_config=RunConfig(name="learner", storage_path=self.storage,
+                run_config=RunConfig(name=LEARNER, storage_path=self.storage,
                                      failure_config=FailureConfig(max_failures=run.max_failures),
                                      checkpoint_config=CheckpointConfig(num_to_keep=run.keep_checkpoints)),
             ).fit()
@@ -302,6 +308,9 @@ class Pipeline:
                 summary["before"] = self.evaluate()
                 before.write_text(json.dumps(summary["before"]))
                 _log("before training: " + M.eval_line(summary["before"]))
+        from rltf_ray.tracking import Tracker
+
+        tracker, took = Tracker(run, self.out), []
         for step in range(start, run.steps):
             t0 = time.perf_counter()
             table = self.rollout(step)
@@ -322,9 +331,15 @@ class Pipeline:
                 row["eval"] = self.evaluate(full=self.cfg.eval.during_training == "all")
                 row["seconds_eval"] = time.perf_counter() - t1
                 _log(f"eval after step {step + 1}: " + M.eval_line(row["eval"]))
+            row["engine_version_lag"] = (row["policy_version"] - int(row.get("actor_trained", True))
+                                         - row["policy_version_rollout"])  # 0: strictly on-policy
             with mpath.open("a") as f:
                 f.write(json.dumps(row) + "\n")
-            _log(M.step_line(row, run.steps))
+            tracker.log(row, step)
+            took.append(row["seconds_step"])
+            eta = sum(took) / len(took) * (run.steps - step - 1)
+            _log(M.step_line(row, run.steps) + f" | eta {int(eta // 60)}m{int(eta % 60):02d}s")
+        tracker.close()
         self.fit_thread.join(timeout=120)
         if self.fit_error is not None:
             raise RuntimeError(f"the trainer failed at the end of the run: {self.fit_error!r}")

@@ -138,3 +138,4 @@ def test_a_relative_model_folder_resolves_to_an_absolute_path(tmp_path, monkeypa
     assert resolve_model("m") == str(tmp_path / "m") and resolve_model("./m") == str(tmp_path / "m")
     with pytest.raises(ConfigError, match="no config.json"):
         resolve_model("./missing")
+    assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"

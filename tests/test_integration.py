@@ -2,6 +2,7 @@
 Ray Train and DeepSpeed, on a Ray started in-process."""
 import json
 import math
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -16,6 +17,30 @@ from rltf_ray.runner import Pipeline
 
 pytestmark = pytest.mark.integration
 PORT = 8123
+METRICS = 8124
+
+
+def scrape_until(url: str, needle: str, timeout: float) -> str:
+    """Prometheus text from Ray's metrics agent once it shows `needle` (export is periodic)."""
+    import time
+
+    deadline, text = time.time() + timeout, ""
+    while time.time() < deadline:
+        try:
+            text = requests.get(url, timeout=10).text
+        except requests.RequestException:
+            pass
+        if needle in text:
+            return text
+        time.sleep(2)
+    return text
+
+
+def gauge(text: str, name: str, run: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'run="{run}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} for run {run} not exported")
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +48,7 @@ def run(tmp_path_factory, tiny_path):
     out = tmp_path_factory.mktemp("run")
     cfg = load_config("pipelines/configs/tiny.yaml",
                       [f"run.output_dir={out}", "run.steps=2", f"run.serve_http_port={PORT}",
-                       "run.checkpoint_every=1", "loss.lambda_fm=0.1"])
+                       "run.checkpoint_every=1", "loss.lambda_fm=0.1", f"run.metrics_export_port={METRICS}"])
     p = Pipeline(cfg)
     p.start()
     try:
@@ -33,6 +58,18 @@ def run(tmp_path_factory, tiny_path):
                              json={"response": "<answer>7</answer>", "meta": {"answer": 5}}, timeout=30)
         summary = p.train()
         after = ray.get(p.engines[0].sequence_logprobs.remote(*probe))
+        # the run's last values: policy version 2 (gauge lines end with the value)
+        needle = f'run="{out.name}"'
+        scraped = scrape_until(f"http://127.0.0.1:{METRICS}/metrics", "", 0)
+        for _ in range(30):
+            scraped = scrape_until(f"http://127.0.0.1:{METRICS}/metrics", needle, 30)
+            if any(ln.startswith("ray_rltf_policy_version{") and needle in ln and ln.endswith(" 2.0")
+                   for ln in scraped.splitlines()):
+                break
+            time.sleep(2)
+        dash = "http://" + ray._private.worker.get_dashboard_url()
+        apps = requests.get(f"{dash}/api/serve/applications/", timeout=30).json()
+        actors = requests.get(f"{dash}/api/v0/actors?limit=1000", timeout=30).json()
         # a fresh engine on the final checkpoint must reproduce the synced engine
         from rltf_ray.stages.engine import start_engines
 
@@ -42,7 +79,8 @@ def run(tmp_path_factory, tiny_path):
         gen = ray.get(fresh.generate.remote([probe[0]], n=2, temperature=1.0, top_p=1.0, max_tokens=8))
         ray.kill(fresh)
         yield dict(out=out, cfg=cfg, summary=summary, before=before, after=after,
-                   from_ckpt=from_ckpt, gen=gen, http=http)
+                   from_ckpt=from_ckpt, gen=gen, http=http, scraped=scraped, apps=apps, actors=actors,
+                   run_name=out.name)
     finally:
         p.stop()
 
@@ -107,3 +145,26 @@ def test_critic_over_http(run):
     assert r.status_code == 200
     body = r.json()
     assert body["correct"] is False and "too high" in body["critique"] and "5" not in body["critique"]
+
+
+def test_dashboard_metrics_and_named_actors(run):
+    """ray_rltf_* gauges reach Prometheus with the last step's values; the dashboard lists the
+    critic app and the run's named actors."""
+    text, name = run["scraped"], run["run_name"]
+    last = json.loads((run["out"] / "metrics.jsonl").read_text().splitlines()[-1])
+    assert gauge(text, "ray_rltf_policy_version", name) == 2 and gauge(text, "ray_rltf_step", name) == 1
+    assert gauge(text, "ray_rltf_first_turn_accuracy", name) == pytest.approx(last["first_turn_accuracy"])
+    assert gauge(text, "ray_rltf_engine_version_lag", name) == 0  # strictly on-policy
+    assert 'phase="rollout"' in text and "ray_rltf_step_seconds" in text
+    apps = run["apps"]["applications"]
+    assert apps["rltf_critic"]["status"] == "RUNNING"
+    names = {a.get("name") for a in run["actors"]["data"]["result"]["result"]}
+    assert any(n and n.startswith("rltf/engine-") for n in names)
+    assert any(n and n.startswith("rltf/broker-") for n in names)
+
+
+def test_tensorboard_events_are_written(run):
+    from tensorboardX.event_file_writer import EventFileWriter  # noqa: F401  (the writer exists)
+
+    files = list((run["out"] / "tensorboard").glob("events.out.tfevents.*"))
+    assert files and files[0].stat().st_size > 0

@@ -128,7 +128,8 @@ class PolicyEngine:
 def start_engines(model_path: str, cfg: EngineConfig, dtype: str, seed: int,
                   use_gpu: bool = False, name: str | None = None) -> list:
     """Start `cfg.num_engines` engine actors and wait until each has loaded the model.
-    With `name`, engine i is the named actor f"{name}-{i}" (found by others by name)."""
+    With `name`, engine i is the named actor f"{name}-{i}" (found by others by name, and
+    shown by that name in the Ray dashboard)."""
     actor = ray.remote(PolicyEngine)
     engines = []
     for i in range(cfg.num_engines):

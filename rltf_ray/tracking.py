@@ -1,0 +1,100 @@
+"""Where a run's step metrics go besides metrics.jsonl.
+
+* TensorBoard event files under <output_dir>/tensorboard (on by default; `tensorboard
+  --logdir outputs/`), written with tensorboardX.
+* MLflow (`run.mlflow: <tracking URI>`) and Weights & Biases (`run.wandb_project: NAME`),
+  through their own packages, only when configured: nothing is sent anywhere otherwise.
+* Ray's metrics (`ray.util.metrics` gauges, tagged with the run name), which the Ray
+  dashboard and its Prometheus endpoint show (`ray_rltf_*`).
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+# step-row key -> Ray gauge name (Prometheus rules: [a-zA-Z_:][a-zA-Z0-9_:]*)
+GAUGES = {
+    "step": "rltf_step", "policy_version": "rltf_policy_version",
+    "reward_first_mean": "rltf_reward_first_mean", "reward_second_mean": "rltf_reward_second_mean",
+    "first_turn_accuracy": "rltf_first_turn_accuracy", "second_turn_accuracy": "rltf_second_turn_accuracy",
+    "revision_gain": "rltf_revision_gain", "generate_tokens_per_s": "rltf_generate_tokens_per_s",
+    "critique_failed": "rltf_critique_failed", "loss": "rltf_loss", "critic_version": "rltf_critic_version",
+    "critic_reward_mean": "rltf_critic_reward_mean", "logprob_abs_diff_mean": "rltf_logprob_abs_diff_mean",
+    "engine_version_lag": "rltf_engine_version_lag", "rows": "rltf_rows_per_step",
+}
+PHASES = ("rollout", "train", "sync", "step")
+
+
+def _numbers(row: dict, prefix: str = "") -> dict[str, float]:
+    """The finite numeric values of a (nested) metrics row, flattened with '/'."""
+    out = {}
+    for k, v in row.items():
+        if isinstance(v, dict):
+            out.update(_numbers(v, f"{prefix}{k}/"))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out[prefix + k] = float(v)
+    return out
+
+
+class Tracker:
+    def __init__(self, run_cfg, out: Path, run_name: str | None = None):
+        self.name = run_name or out.name
+        self.writers = []
+        if run_cfg.tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self.tb = SummaryWriter(str(out / "tensorboard"))
+            self.writers.append(lambda vals, step: [self.tb.add_scalar(k, v, step) for k, v in vals.items()])
+        if run_cfg.mlflow:
+            try:
+                import mlflow
+            except ImportError as e:
+                raise RuntimeError("run.mlflow is set but MLflow is not installed: pip install mlflow") from e
+            mlflow.set_tracking_uri(run_cfg.mlflow)
+            mlflow.start_run(run_name=self.name)
+            self.writers.append(lambda vals, step: mlflow.log_metrics(
+                {re.sub(r"[^\w\-. /]", "_", k): v for k, v in vals.items()}, step=step))
+        if run_cfg.wandb_project:
+            try:
+                import wandb
+            except ImportError as e:
+                raise RuntimeError("run.wandb_project is set but wandb is not installed: pip install wandb") from e
+            self.wandb = wandb.init(project=run_cfg.wandb_project, name=self.name)
+            self.writers.append(lambda vals, step: self.wandb.log(vals, step=step))
+        self.gauges = {}
+        self.phase = None
+
+    def _ray_gauges(self) -> None:
+        from ray.util.metrics import Gauge
+
+        tags = {"run": self.name}
+        for key, name in GAUGES.items():
+            g = Gauge(name, f"rltf_ray: {key} of the latest RL step", tag_keys=("run",))
+            g.set_default_tags(tags)
+            self.gauges[key] = g
+        self.phase = Gauge("rltf_step_seconds", "rltf_ray: seconds of the latest RL step by phase",
+                           tag_keys=("run", "phase"))
+        self.phase.set_default_tags(tags)
+
+    def log(self, row: dict, step: int) -> None:
+        vals = _numbers(row)
+        for write in self.writers:
+            write(vals, step)
+        try:
+            if not self.gauges:
+                self._ray_gauges()
+        except Exception:  # no Ray metrics agent (e.g. outside a Ray session): files still written
+            return
+        for key, g in self.gauges.items():
+            if key in vals:
+                g.set(vals[key])
+        for p in PHASES:
+            if f"seconds_{p}" in vals:
+                self.phase.set(vals[f"seconds_{p}"], tags={"phase": p})
+
+    def close(self) -> None:
+        if hasattr(self, "tb"):
+            self.tb.close()
+        if hasattr(self, "wandb"):
+            self.wandb.finish()
