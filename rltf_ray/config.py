@@ -48,6 +48,8 @@ class EngineConfig:
     enforce_eager: bool = True
     # CPU threads for each engine; vLLM binds them to cores ("0-1"). "auto" = all cores.
     cpu_threads_bind: str = "auto"
+    # Custom Ray resources each engine requires (e.g. {engine_node: 1}): dedicated nodes.
+    resources: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,8 @@ class TrainerConfig:
     cpu_threads_per_worker: int = 1
     # "object_store" (CPU, verified) or "nccl" (GPU, unverified here).
     weight_sync: str = "object_store"
+    # Custom Ray resources each training worker requires (e.g. {trainer_node: 1}).
+    resources: dict = field(default_factory=dict)
 
 
 DEFAULT_CRITIC_PROMPT = (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rltf_ray.config import Config, ConfigError, NodeSpec, _build
@@ -75,6 +75,9 @@ class CritiqueParams:
     # A step whose critique requests fail (after retries) above this fraction stops the run
     # with the critic's error: RLTF without critiques would silently be plain GRPO.
     max_failed_fraction: float = 0.2
+    # Custom Ray resources each critic replica (and a learned critic's engine) requires, so
+    # that a cluster can dedicate nodes to the critic, e.g. {critic_node: 1}.
+    resources: dict = field(default_factory=dict)
     round: int = 1  # set by `run.turns` expansion; round k critiques the turn k-1 attempt
 
     def __post_init__(self):
@@ -138,7 +141,7 @@ KINDS: dict[str, NodeKind] = {
     "source": NodeKind((), ("step", "prompt_id", "prompt", "meta"), SourceParams,
                        "prompt rows for one RL step (file or task generator)"),
     "generate": NodeKind(("prompt",), ("sample_idx", "prompt_ids", "response", "response_ids",
-                                       "response_logprobs", "policy_version"), GenerateParams,
+                                       "response_logprobs", "policy_version", "engine"), GenerateParams,
                          "first turn: N vLLM samples per prompt"),
     "critique": NodeKind(("prompt", "response", "meta"),
                          ("reward_first", "correct_first", "format_first", "critique",

@@ -62,6 +62,7 @@ def rollout_metrics(table: pa.Table, run: RunConfig = RunConfig(), binac=None) -
         "generate_tokens": int(tokens),
         "generate_tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
         "policy_version_rollout": int(min(c["policy_version"])),
+        "rows_per_engine": {str(e): c["engine"].count(e) for e in sorted(set(c["engine"]))},
     }
     for k in range(2, rounds + 1):  # turn k = after critique round k
         out[f"turn_{k}_accuracy"] = _mean(c[round_col("correct_second", k)])

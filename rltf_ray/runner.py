@@ -112,7 +112,7 @@ class Pipeline:
             self.critic_model = resolve_model(b.critic_model or self.cfg.model.path)
             name = f"rltf/critic-engine-{self.run_id}"
             t = time.perf_counter()
-            ecfg = dataclasses.replace(self.cfg.engine, num_engines=b.num_engines)
+            ecfg = dataclasses.replace(self.cfg.engine, num_engines=b.num_engines, resources=crit.resources)
             self.critic_engines = start_engines(self.critic_model, ecfg, self.dtype, self.cfg.run.seed + 1000,
                                                 self.use_gpu, name=name)
             learned = {"engine_names": [f"{name}-{i}" for i in range(b.num_engines)],
@@ -182,7 +182,7 @@ class Pipeline:
                                    "output_dir": str(self.out)},
                 scaling_config=ScalingConfig(num_workers=self.cfg.trainer.num_workers,
                                              use_gpu=self.use_gpu,
-                                             resources_per_worker={"CPU": 1}),
+                                             resources_per_worker={"CPU": 1, **self.cfg.trainer.resources}),
                 run_config=RunConfig(name=LEARNER, storage_path=self.storage,
                                      failure_config=FailureConfig(max_failures=run.max_failures),
                                      checkpoint_config=CheckpointConfig(num_to_keep=run.keep_checkpoints)),

@@ -133,6 +133,7 @@ def build_critic_app(task_cfg: TaskConfig, p: CritiqueParams, learned: dict | No
     if p.max_replicas is not None:
         opts = {"autoscaling_config": {"min_replicas": p.min_replicas, "max_replicas": p.max_replicas,
                                        "target_ongoing_requests": p.target_ongoing_requests}}
+    opts["ray_actor_options"] = {**DEPLOYMENT_OPTIONS["ray_actor_options"], "resources": dict(p.resources)}
     if p.critic in ("programmatic", "correctness_only"):
         cls = ProgrammaticCritic if p.critic == "programmatic" else CorrectnessOnlyCritic
         return cls.options(**opts).bind(dataclasses.asdict(task_cfg), p.max_batch_size,
@@ -143,7 +144,8 @@ def build_critic_app(task_cfg: TaskConfig, p: CritiqueParams, learned: dict | No
         from rltf_ray.stages.judges import LLMJudgeCritic
 
         env = engine_env(EngineConfig(), use_gpu=False)
-        opts["ray_actor_options"] = {"num_cpus": 1, "runtime_env": {"env_vars": env}}
+        opts["ray_actor_options"] = {"num_cpus": 1, "runtime_env": {"env_vars": env},
+                                     "resources": dict(p.resources)}
         return LLMJudgeCritic.options(**opts).bind(
             resolve_model(p.judge_model), resolve_dtype("auto", False), p.judge_max_tokens,
             2048, p.max_batch_size, max(p.batch_wait_timeout_s, 0.05))

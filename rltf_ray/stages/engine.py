@@ -138,6 +138,8 @@ def start_engines(model_path: str, cfg: EngineConfig, dtype: str, seed: int,
         if name:
             opts["name"] = f"{name}-{i}"
         opts.update({"num_gpus": 1} if use_gpu else {"num_cpus": 1})
+        if cfg.resources:
+            opts["resources"] = dict(cfg.resources)
         engines.append(actor.options(**opts).remote(model_path, cfg, dtype, seed + i, use_gpu))
     ray.get([e.ready.remote() for e in engines])
     return engines

@@ -2,8 +2,6 @@
 functions that send token-id prompts to the persistent engine actors."""
 from __future__ import annotations
 
-import zlib
-
 import ray
 
 from rltf_ray.chat import encode, first_turn_messages, load_tokenizer, revision_messages
@@ -12,16 +10,24 @@ from rltf_ray.rounds import dialogue
 from rltf_ray.stages import StageError
 
 
-def _pick(engines: list, key: str):
-    return engines[zlib.crc32(key.encode()) % len(engines)]
-
-
-def _call(engines: list, key: str, prompts: list[list[int]], node: str, **kw) -> dict:
+def _call(engines: list, prompts: list[list[int]], node: str, **kw) -> dict:
+    """Generate for `prompts`, split into contiguous shards over the engines (all at once);
+    outputs come back in prompt order with the engine that served each, the lowest policy
+    version that served, and the slowest shard's seconds."""
+    n = len(engines)
+    bounds = [len(prompts) * i // n for i in range(n + 1)]
+    calls = [(i, range(bounds[i], bounds[i + 1])) for i in range(n) if bounds[i + 1] > bounds[i]]
     try:
-        return ray.get(_pick(engines, key).generate.remote(prompts, **kw))
+        got = ray.get([engines[i].generate.remote([prompts[j] for j in idx], **kw) for i, idx in calls])
     except ray.exceptions.RayActorError as e:
-        raise StageError(f"node '{node}': the vLLM engine actor died ({e}); see its log in the "
-                         "Ray dashboard") from e
+        raise StageError(f"node '{node}': a vLLM engine actor died ({e}); see its log in the Ray "
+                         "dashboard, and continue with `pipelines/run.py --resume`") from e
+    outputs, engine_of = [], []
+    for (i, idx), res in zip(calls, got):
+        outputs += res["outputs"]
+        engine_of += [i] * len(idx)
+    return {"outputs": outputs, "engine": engine_of, "version": min((r["version"] for r in got), default=-1),
+            "seconds": max((r["seconds"] for r in got), default=0.0)}
 
 
 def check_lengths(rows: list[dict], prompts: list[list[int]], max_tokens: int,
@@ -39,12 +45,12 @@ def make_generate(engines: list, model_path: str, p: GenerateParams, node: str,
         tok = load_tokenizer(model_path)
         prompts = [encode(tok, first_turn_messages(r["prompt"])) for r in rows]
         check_lengths(rows, prompts, p.max_tokens, max_model_len, node)
-        res = _call(engines, rows[0]["prompt_id"], prompts, node, n=p.n,
-                    temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_tokens)
+        res = _call(engines, prompts, node, n=p.n, temperature=p.temperature, top_p=p.top_p,
+                    max_tokens=p.max_tokens)
         out = []
-        for r, ids, group in zip(rows, prompts, res["outputs"]):
+        for r, ids, group, eng in zip(rows, prompts, res["outputs"], res["engine"]):
             for j, g in enumerate(group):
-                out.append({**r, "sample_idx": j, "prompt_ids": ids, "response": g.text,
+                out.append({**r, "sample_idx": j, "prompt_ids": ids, "response": g.text, "engine": eng,
                             "response_ids": g.token_ids, "response_logprobs": g.logprobs,
                             "finish_reason": g.finish_reason, "policy_version": res["version"],
                             "gen_tokens": len(g.token_ids),
@@ -72,8 +78,7 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
         check_lengths([rows[i] for i in todo], prompts, p.max_tokens, max_model_len, node)
         res = {"outputs": [], "version": -1, "seconds": 0.0}
         if todo:
-            key = rows[todo[0]]["prompt_id"]
-            res = _call(engines, key, prompts, node, n=1, temperature=p.temperature,
+            res = _call(engines, prompts, node, n=1, temperature=p.temperature,
                         top_p=p.top_p, max_tokens=p.max_tokens)
         done = {i: (ids, group[0]) for i, ids, group in zip(todo, prompts, res["outputs"])}
         extra, extra_tokens, extra_s = (for_critic(rows, done, tok) if k == 1 else ({}, {}, 0.0))
@@ -108,7 +113,7 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
         seconds = 0.0
         for need, js in jobs.items():
             check_lengths([rows[i] for i, _, _ in js], [ids for _, _, ids in js], p.max_tokens, max_model_len, node)
-            res = _call(engines, rows[js[0][0]]["prompt_id"], [ids for _, _, ids in js], node, n=need,
+            res = _call(engines, [ids for _, _, ids in js], node, n=need,
                         temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_tokens)
             seconds += res["seconds"]
             for (i, kk, _), group in zip(js, res["outputs"]):
