@@ -7,7 +7,7 @@ export DS_ACCELERATOR ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 export RAY_DEDUP_LOGS ?= 1
 
-.PHONY: install models models-tiny demo test test-unit bench clean
+.PHONY: install models models-tiny demo test test-unit bench bench-compare clean
 
 install: $(VENV)/.installed
 
@@ -41,6 +41,10 @@ bench: models
 	$(PY) benchmarks/bench_engine.py tiny smollm2
 	$(PY) benchmarks/bench_task_accuracy.py smollm2
 	$(PY) benchmarks/bench_step.py --config pipelines/configs/tiny.yaml --steps 4
+
+# rltf_ray against raw vLLM, a plain torch learner and a hand-written loop, on the same prompts
+bench-compare: models
+	$(PY) benchmarks/bench_compare.py --model smollm2
 
 clean:
 	rm -rf outputs .pytest_cache

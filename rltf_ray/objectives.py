@@ -281,7 +281,7 @@ def sequence_logprobs(model, seqs: list[tuple[list[int], int]], temperatures: li
 SUM_KEYS = tuple(f"loss_{t}" for t in TERMS) + (
     "kl_sum", "rl_tokens", "mismatch_tokens", "logprob_abs_diff_sum", "mismatch_kl_sum",
     "clipped_tokens", "tis_truncated_tokens", "sd_tokens", "sd_tokens_masked", "is_w_sum",
-    "is_w_sq_sum")
+    "is_w_sq_sum", "train_tokens")
 MAX_KEYS = ("logprob_abs_diff_max", "is_w_max")
 
 
@@ -319,7 +319,8 @@ def loss_terms(logp: torch.Tensor, b: Batch, norms: dict[str, float], cfg: Confi
                             (((ratio - 1).abs() > L.clip_eps).float() * m_rl).sum(),
                             ((ratio > (L.tis_cap or math.inf)).float() * m_rl).sum(),
                             m_sd.sum(), (m["sd"] * (1 - keep)).sum(),
-                            (w * m_sd).sum(), (w ** 2 * m_sd).sum()])
+                            (w * m_sd).sum(), (w ** 2 * m_sd).sum(),
+                            m_rl.sum() + m_sd.sum() + m["fm"].sum() + m["sft"].sum()])
         maxes = [diff.abs()[sel_rl].max() if sel_rl.any() else torch.zeros(()),
                  w[sel_sd].max() if sel_sd.any() else torch.zeros(())]
         values = torch.cat([sums.float(), torch.stack(maxes).float()]).tolist()  # one sync

@@ -160,7 +160,7 @@ def reduce_metrics(sums: dict[str, float], cfg: Config, lambda_sd: float) -> dic
               "sampler_trainer_kl": per_mm(v["mismatch_kl_sum"]), "mismatch_tokens": n_mm,
               "ratio_outside_clip_fraction": per_rl(v["clipped_tokens"]),
               "tis_truncated_fraction": per_rl(v["tis_truncated_tokens"]),
-              "sd_tokens_trained": n_sd,
+              "sd_tokens_trained": n_sd, "train_tokens": v["train_tokens"],
               "sd_masked_fraction": v["sd_tokens_masked"] / (n_sd + v["sd_tokens_masked"])
               if n_sd + v["sd_tokens_masked"] else 0.0})
     if L.sd_weight != "none":  # null when every SD sequence had zero advantage (none forwarded)
@@ -410,6 +410,7 @@ def train_loop(config: dict) -> None:
             states["critic"] = critic.push()
             metrics["seconds_sync"] += time.perf_counter() - t1
         metrics["seconds_train"] = time.perf_counter() - t0 - metrics["seconds_sync"]
+        metrics["train_tokens_per_s"] = metrics.get("train_tokens", 0) / max(metrics["seconds_train"], 1e-9)
         metrics.update({"policy_version": actor.version, "actor_trained": "loss" in metrics})
         if binac is not None:
             metrics.update({"critic_version": critic.version if critic else 0,
