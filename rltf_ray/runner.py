@@ -88,7 +88,7 @@ class Pipeline:
 
         from rltf_ray.stages.critique import build_critic_app
         from rltf_ray.stages.engine import start_engines
-        from rltf_ray.trainer import StepBroker
+        from rltf_ray.broker import StepBroker
 
         if train:
             (self.out / "rollouts").mkdir(parents=True, exist_ok=True)
