@@ -266,8 +266,11 @@ class Pipeline:
             return [got[i][0] for i in range(len(rows))]
 
         def critique(rows: list[dict], texts: list[str], which: list[int]) -> dict:
+            # only wrong answers are critiqued (the evaluator's oracle), as in training, where a
+            # verdict-aware learned critic is told the verifier's verdict
+            told = [{**r, "correct_first": False} for r in rows]
             return {i: (res["critique"] if res else None)
-                    for i, (res, _) in ask_critic(critic, rows, texts, which).items()}
+                    for i, (res, _) in ask_critic(critic, told, texts, which).items()}
 
         E = self.cfg.eval
         return Evaluator(self.engines, self.model_path, self.task, score, critique,
