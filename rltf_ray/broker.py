@@ -22,6 +22,7 @@ class StepBroker:
         self.events: dict[tuple[str, int], asyncio.Event] = {}
         self.start: int | None = None
         self.restarts = -1  # set_start is called once per (re)start of the worker group
+        self.weights: dict[str, tuple[list, int]] = {}
 
     def _event(self, kind: str, step: int) -> asyncio.Event:
         return self.events.setdefault((kind, step), asyncio.Event())
@@ -48,6 +49,14 @@ class StepBroker:
         except asyncio.TimeoutError:
             return None
         return self.start
+
+    async def keep_weights(self, slot: str, refs: list, version: int) -> None:
+        """The latest weights pushed to a model's engines (`slot`: actor or critic), held by
+        reference so that an engine Ray restarts loads them before it serves again."""
+        self.weights[slot] = (refs, version)
+
+    async def latest_weights(self, slot: str):
+        return self.weights.get(slot)
 
     async def stats(self) -> dict:
         return {"held_steps": sorted(self.steps), "restarts": self.restarts}

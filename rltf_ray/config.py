@@ -50,6 +50,9 @@ class EngineConfig:
     cpu_threads_bind: str = "auto"
     # Custom Ray resources each engine requires (e.g. {engine_node: 1}): dedicated nodes.
     resources: dict = field(default_factory=dict)
+    # A dead engine actor is restarted this many times; it loads the latest pushed weights
+    # before serving, and Ray retries its interrupted calls (CPU object-store sync only).
+    max_restarts: int = 2
 
 
 @dataclass(frozen=True)

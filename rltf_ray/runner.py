@@ -99,6 +99,7 @@ class Pipeline:
             (self.out / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
         self.started_ray = init_ray(self.cfg)
         self.run_id = uuid.uuid4().hex[:6]  # keeps actor names unique when runs share a cluster
+        self.broker_name = f"rltf/broker-{self.run_id}"  # created below; restarted engines ask it
         crit = node_params(self.cfg.node("critique"))
         self.critic_params = crit
         self.critic_engines: list = []
@@ -114,7 +115,8 @@ class Pipeline:
             t = time.perf_counter()
             ecfg = dataclasses.replace(self.cfg.engine, num_engines=b.num_engines, resources=crit.resources)
             self.critic_engines = start_engines(self.critic_model, ecfg, self.dtype, self.cfg.run.seed + 1000,
-                                                self.use_gpu, name=name)
+                                                self.use_gpu, name=name,
+                                                restore_from=(self.broker_name, "critic") if train else None)
             learned = {"engine_names": [f"{name}-{i}" for i in range(b.num_engines)],
                        "model_path": self.critic_model, "binac": dataclasses.asdict(b)}
             _log(f"learned critic: {b.num_engines} vLLM engine(s) on {self.critic_model} "
@@ -133,12 +135,12 @@ class Pipeline:
         _log(f"critic app '{crit.app_name}' ready ({time.perf_counter() - t:.1f}s)")
         t = time.perf_counter()
         self.engines = start_engines(self.model_path, self.cfg.engine, self.dtype,
-                                     self.cfg.run.seed, self.use_gpu, name=f"rltf/engine-{self.run_id}")
+                                     self.cfg.run.seed, self.use_gpu, name=f"rltf/engine-{self.run_id}",
+                                     restore_from=(self.broker_name, "actor") if train else None)
         _log(f"{len(self.engines)} vLLM engine(s) ready, dtype {self.dtype} ({time.perf_counter() - t:.1f}s)")
         if not train:
             return
         self._prepare_resume()
-        self.broker_name = f"rltf/broker-{self.run_id}"
         self.broker = StepBroker.options(name=self.broker_name).remote()
         self.fit_error: BaseException | None = None
         self.fit_thread = threading.Thread(target=self._fit, daemon=True)

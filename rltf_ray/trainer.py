@@ -220,7 +220,8 @@ class Learner:
     """One trainable model on this worker: its DeepSpeed engine, and (rank 0) the weight sync
     into the vLLM engines that serve it, with its version (= optimizer steps taken)."""
 
-    def __init__(self, model_path: str, cfg: Config, engines: list, engine_dtype: str, rank: int):
+    def __init__(self, model_path: str, cfg: Config, engines: list, engine_dtype: str, rank: int,
+                 keep: tuple[str, str] | None = None):
         import deepspeed
         import torch
         from transformers import AutoModelForCausalLM
@@ -233,7 +234,7 @@ class Learner:
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optim, config=deepspeed_config(cfg),
                                                dist_init_required=False)
         self.zero_stage, self.rank, self.version = cfg.trainer.zero_stage, rank, 0
-        self.sync = make_weight_sync(cfg.trainer.weight_sync, getattr(torch, engine_dtype))
+        self.sync = make_weight_sync(cfg.trainer.weight_sync, getattr(torch, engine_dtype), keep)
         if rank == 0:
             self.sync.connect(engines)
 
@@ -316,14 +317,15 @@ def train_loop(config: dict) -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     tokenizer = load_tokenizer(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    actor = Learner(model_path, cfg, config["engines"], config["engine_dtype"], rank)
+    broker_name = config["broker_name"]
+    actor = Learner(model_path, cfg, config["engines"], config["engine_dtype"], rank, (broker_name, "actor"))
     critic = None
     if config.get("critic_engines") and cfg.binac.critic_steps > 0:
         critic = Learner(config["critic_model_path"], critic_config(cfg), config["critic_engines"],
-                         config["engine_dtype"], rank)
+                         config["engine_dtype"], rank, (broker_name, "critic"))
         critic_tok = load_tokenizer(config["critic_model_path"])
     binac = cfg.binac if config.get("critic_engines") else None
-    broker = ray.get_actor(config["broker_name"])
+    broker = ray.get_actor(broker_name)
     ckpt_dir = os.path.join(config["output_dir"], "checkpoints")
     ref_model = None
     if cfg.loss.kl_coef > 0:  # only then is the frozen reference loaded at all

@@ -108,3 +108,38 @@ def test_a_killed_training_worker_is_restarted_from_the_checkpoint(tmp_path, tin
     assert killed and stats["restarts"] == 1  # the worker group was restarted once
     check_run(tmp_path, cfg, 3)
     assert summary["engine_versions"] == [3]
+
+
+def test_a_killed_engine_is_restarted_with_the_current_weights(tmp_path, tiny_path):
+    """SIGKILL the vLLM engine after the first weight push: Ray restarts it, it loads the
+    latest pushed weights before serving, the interrupted calls are retried, and every later
+    step's rollouts still come from that step's policy version."""
+    import ray
+    from ray.util.state import list_actors
+
+    from rltf_ray.runner import Pipeline
+
+    cfg = load_config("pipelines/configs/tiny.yaml",
+                      [f"run.output_dir={tmp_path}", "run.steps=3", "run.eval_before_after=false",
+                       "run.serve_http_port=8183", "trainer.num_workers=1"])
+    pipe = Pipeline(cfg)
+    killed = []
+
+    def kill_the_engine():
+        wait_for_lines(tmp_path / "metrics.jsonl", 1, 600)  # version 1 is pushed
+        alive = list_actors(address=ray.get_runtime_context().gcs_address, filters=[("state", "=", "ALIVE")])
+        engine = [a for a in alive if (a.name or "").startswith("rltf/engine-")][0]
+        killed.append(engine.pid)
+        os.kill(engine.pid, signal.SIGKILL)
+
+    pipe.start()
+    try:
+        t = threading.Thread(target=kill_the_engine, daemon=True)
+        t.start()
+        summary = pipe.train()
+        pid_after = ray.get(pipe.engines[0].__ray_call__.remote(lambda self: os.getpid()))
+    finally:
+        pipe.stop()
+    assert killed and pid_after != killed[0]  # a new engine process served the rest of the run
+    check_run(tmp_path, cfg, 3)  # step k's rollouts came from version k: never the base model
+    assert summary["engine_versions"] == [3]

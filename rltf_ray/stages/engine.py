@@ -46,7 +46,7 @@ class PolicyEngine:
     """One vLLM engine (wrapped as a Ray actor by `start_engines`)."""
 
     def __init__(self, model_path: str, cfg: EngineConfig, dtype: str, seed: int,
-                 use_gpu: bool = False):
+                 use_gpu: bool = False, restore_from: tuple[str, str] | None = None):
         try:
             from vllm import LLM
         except ImportError as e:  # never swap engines silently
@@ -63,6 +63,16 @@ class PolicyEngine:
         self.llm = LLM(**kwargs)
         self.version = 0
         self.lock = threading.Lock()
+        if restore_from and ray.get_runtime_context().was_current_actor_reconstructed:
+            self._restore(*restore_from)
+
+    def _restore(self, broker_name: str, slot: str) -> None:
+        """After Ray restarted this engine: load the latest pushed weights before serving, so
+        that no rollout comes from the base model by mistake."""
+        latest = ray.get(ray.get_actor(broker_name).latest_weights.remote(slot))
+        if latest is not None:  # None: nothing was pushed yet, the base model is current
+            refs, version = latest
+            self.load_weights(ray.get(refs[0]), version)
 
     def ready(self) -> int:
         return self.version
@@ -126,7 +136,8 @@ class PolicyEngine:
 
 
 def start_engines(model_path: str, cfg: EngineConfig, dtype: str, seed: int,
-                  use_gpu: bool = False, name: str | None = None) -> list:
+                  use_gpu: bool = False, name: str | None = None,
+                  restore_from: tuple[str, str] | None = None) -> list:
     """Start `cfg.num_engines` engine actors and wait until each has loaded the model.
     With `name`, engine i is the named actor f"{name}-{i}" (found by others by name, and
     shown by that name in the Ray dashboard)."""
@@ -140,6 +151,8 @@ def start_engines(model_path: str, cfg: EngineConfig, dtype: str, seed: int,
         opts.update({"num_gpus": 1} if use_gpu else {"num_cpus": 1})
         if cfg.resources:
             opts["resources"] = dict(cfg.resources)
-        engines.append(actor.options(**opts).remote(model_path, cfg, dtype, seed + i, use_gpu))
+        if restore_from and not use_gpu:  # a restarted GPU engine could not rejoin the NCCL group
+            opts.update(max_restarts=cfg.max_restarts, max_task_retries=cfg.max_restarts)
+        engines.append(actor.options(**opts).remote(model_path, cfg, dtype, seed + i, use_gpu, restore_from))
     ray.get([e.ready.remote() for e in engines])
     return engines

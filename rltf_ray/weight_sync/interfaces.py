@@ -30,13 +30,13 @@ class WeightSync(ABC):
         """Release channels; the engines keep their weights."""
 
 
-def make_weight_sync(kind: str, dtype: torch.dtype) -> WeightSync:
+def make_weight_sync(kind: str, dtype: torch.dtype, keep: tuple[str, str] | None = None) -> WeightSync:
     from rltf_ray.config import ConfigError
 
     if kind == "object_store":
         from rltf_ray.weight_sync.object_store import ObjectStoreSync
 
-        return ObjectStoreSync(dtype)
+        return ObjectStoreSync(dtype, keep)
     if kind == "nccl":
         from rltf_ray.weight_sync.nccl import NcclSync
 

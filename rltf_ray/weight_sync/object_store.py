@@ -8,8 +8,12 @@ from rltf_ray.weight_sync.interfaces import WeightSync
 
 
 class ObjectStoreSync(WeightSync):
-    def __init__(self, dtype: torch.dtype):
+    """`keep` = (broker name, slot): after each push the broker holds a reference to the
+    weights, which an engine that Ray restarts loads before serving (see PolicyEngine)."""
+
+    def __init__(self, dtype: torch.dtype, keep: tuple[str, str] | None = None):
         self.dtype = dtype
+        self.keep = keep
         self.engines: list = []
 
     def connect(self, engines: list) -> None:
@@ -22,6 +26,9 @@ class ObjectStoreSync(WeightSync):
                    for n, t in named_tensors]
         ref = ray.put(payload)
         ray.get([e.load_weights.remote(ref, version) for e in self.engines])
+        if self.keep:
+            broker, slot = self.keep
+            ray.get(ray.get_actor(broker).keep_weights.remote(slot, [ref], version))
         del ref
 
     def engine_versions(self) -> list[int]:
