@@ -379,6 +379,11 @@ def train_loop(config: dict) -> None:
                 save_train_state(tmp, step + 1, actor, critic, rank)
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
             if rank == 0:
+                # The controller registers a report when it next polls the workers; a worker
+                # that died before that would restart from an older checkpoint. Wait until this
+                # one is committed before releasing its steps and declaring the step done.
+                ray.train.get_all_reported_checkpoints(
+                    consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED, timeout_s=600)
                 ray.get(broker.release.remote(step + 1))
         else:
             states.clear()
