@@ -54,6 +54,7 @@ def rollout_metrics(table: pa.Table, run: RunConfig = RunConfig(), binac=None) -
         "revised_rows": len(revised),
         "revised_accuracy": _mean(c["correct_second"][i] for i in revised),
         "critique_failed": int(sum(per_round("critique_failed"))),
+        "context_overflow": int(sum(per_round("context_overflow"))),
         "critic_disagreements": int(sum(per_round("critic_disagrees"))),
         "unscored_rows": sum(not math.isfinite(x) for x in c["reward_first"]),
         "unscored_revisions": int(sum(per_round("reward_failed"))),

@@ -18,7 +18,8 @@ def test_roles_on_their_own_nodes_and_two_engines_share_the_rows(tmp_path, tiny_
 
     from rltf_ray.runner import Pipeline
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": True,
+                                                           "dashboard_host": "127.0.0.1", "dashboard_port": 8292})
     nodes = {"engine_a": cluster.add_node(num_cpus=2, resources={"engine_node": 1}),
              "engine_b": cluster.add_node(num_cpus=2, resources={"engine_node": 1}),
              "critic": cluster.add_node(num_cpus=1, resources={"critic_node": 1}),
@@ -28,8 +29,7 @@ def test_roles_on_their_own_nodes_and_two_engines_share_the_rows(tmp_path, tiny_
         cfg = load_config("pipelines/configs/tiny.yaml",
                           [f"run.output_dir={tmp_path}", "run.steps=2", "run.eval_before_after=false",
                            "run.serve_http_port=8191", "engine.num_engines=2", "engine.resources={engine_node: 1}",
-                           "pipeline.critic.resources={critic_node: 1}", "trainer.resources={trainer_node: 1}",
-                           "engine.cpu_threads_bind=0"])
+                           "pipeline.critic.resources={critic_node: 1}", "trainer.resources={trainer_node: 1}"])
         pipe = Pipeline(cfg)
         pipe.start()
         try:

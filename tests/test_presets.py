@@ -120,3 +120,17 @@ def test_puzzle_task_runs_one_step(task, shared_ray, tmp_path, tiny_path):
 
     rows = pq.read_table(tmp_path / "rollouts" / "step_0.parquet").to_pylist()
     assert all(r["critique"] for r in rows if r["revised"])  # the puzzle's programmatic critic ran
+
+
+def test_a_revision_prompt_that_outgrows_the_context_ends_its_episode(shared_ray, tmp_path, tiny_path):
+    """x1 = [x0, y0, c0] no longer fits 128 tokens with max_tokens 24 (x0 alone does): each
+    such episode ends at that turn with context_overflow, counted, and the step trains."""
+    _, summary, m = one_step(tmp_path, 8145, "engine.max_model_len=128")
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "rollouts" / "step_0.parquet").to_pylist()
+    critiqued = [r for r in rows if r["critique"]]
+    assert critiqued and m["context_overflow"] == len(critiqued)
+    assert all(r["context_overflow"] and not r["revised"] and not r["revision_ids"] for r in critiqued)
+    assert m["revised_rows"] == 0 and m["examples_rl1"] == 0 and math.isfinite(m["loss"])
+    assert summary["engine_versions"] == [1]

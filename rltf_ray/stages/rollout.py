@@ -72,10 +72,14 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
 
     def revise(rows: list[dict]) -> list[dict]:
         tok = load_tokenizer(model_path)
-        todo = [i for i, r in enumerate(rows) if r[col("revised")]]
-        prompts = [encode(tok, revision_messages(rows[i]["prompt"], dialogue(rows[i], k), p.template))
-                   for i in todo]
-        check_lengths([rows[i] for i in todo], prompts, p.max_tokens, max_model_len, node)
+        asked = [i for i, r in enumerate(rows) if r[col("revised")]]
+        built = {i: encode(tok, revision_messages(rows[i]["prompt"], dialogue(rows[i], k), p.template))
+                 for i in asked}
+        # x_k grows with every critique; one that no longer fits ends its episode here
+        # (context_overflow, counted), rather than failing the step or being cut silently
+        overflow = {i for i in asked if len(built[i]) + p.max_tokens > max_model_len}
+        todo = [i for i in asked if i not in overflow]
+        prompts = [built[i] for i in todo]
         res = {"outputs": [], "version": -1, "seconds": 0.0}
         if todo:
             res = _call(engines, prompts, node, n=1, temperature=p.temperature,
@@ -85,7 +89,9 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
         out = []
         for i, r in enumerate(rows):
             ids, g = done.get(i, ([], None))
-            out.append({**r, col("revision_prompt_ids"): ids, col("revision"): g.text if g else "",
+            out.append({**r, col("revised"): bool(r[col("revised")]) and i not in overflow,
+                        col("context_overflow"): i in overflow,
+                        col("revision_prompt_ids"): ids, col("revision"): g.text if g else "",
                         col("revision_ids"): g.token_ids if g else [],
                         col("revision_logprobs"): g.logprobs if g else [],
                         col("revision_version"): res["version"] if g else -1,
