@@ -289,56 +289,71 @@ class Pipeline:
                                    greedy=E.greedy or not full)
         return {**out, "requested": E.prompts}
 
-    def train(self) -> dict:
-        """Evaluate, run every RL step, evaluate again; the resources must be started."""
+    def _begin(self, start: int) -> dict:
+        """The summary so far: a fresh run evaluates first; a resumed one keeps its metrics
+        rows before `start` (new ones append) and its first evaluation."""
+        import ray
+
+        mpath, before = self.out / "metrics.jsonl", self.out / "eval_before.json"
+        if not start:
+            mpath.write_text("")
+            if not self.cfg.run.eval_before_after:
+                return {}
+            summary = {"before": self.evaluate()}
+            before.write_text(json.dumps(summary["before"]))
+            _log("before training: " + M.eval_line(summary["before"]))
+            return summary
+        _log(f"resuming at step {start + 1} (policy version "
+             f"{ray.get(self.engines[0].ready.remote())}, restored from the last checkpoint)")
+        kept = [x for x in (mpath.read_text().splitlines() if mpath.exists() else [])
+                if x.strip() and json.loads(x)["step"] < start]
+        mpath.write_text("".join(x + "\n" for x in kept))
+        return {"before": json.loads(before.read_text())} if before.exists() else {}
+
+    def step(self, step: int) -> dict:
+        """One RL step: the graph's rollouts, the critic check, the hand-off to the learner,
+        and the step's metrics row (with a held-out evaluation every `run.eval_every`)."""
         import ray
 
         from rltf_ray.stages.critique import check_critique_failures
 
-        summary: dict = {}
         run = self.cfg.run
-        start = self.wait_start()
-        mpath, before = self.out / "metrics.jsonl", self.out / "eval_before.json"
-        if start:
-            _log(f"resuming at step {start + 1} (policy version "
-                 f"{ray.get(self.engines[0].ready.remote())}, restored from the last checkpoint)")
-            kept = [x for x in (mpath.read_text().splitlines() if mpath.exists() else [])
-                    if x.strip() and json.loads(x)["step"] < start]
-            mpath.write_text("".join(x + "\n" for x in kept))  # metrics append from here
-            if before.exists():
-                summary["before"] = json.loads(before.read_text())
-        else:
-            mpath.write_text("")
-            if run.eval_before_after:
-                summary["before"] = self.evaluate()
-                before.write_text(json.dumps(summary["before"]))
-                _log("before training: " + M.eval_line(summary["before"]))
+        t0 = time.perf_counter()
+        table = self.rollout(step)
+        t_roll = time.perf_counter() - t0
+        pq.write_table(table, self.out / "rollouts" / f"step_{step}.parquet")
+        if run.turns > 1:
+            check_critique_failures(table.to_pylist(), self.critic_params, run.rounds, step)
+        ray.get(self.broker.put_step.remote(step, [ray.put(table.to_pylist())]))
+        train = self.wait_result(step)
+        learned = self.critic_params.critic == "learned"
+        row = {**M.rollout_metrics(table, run, self.cfg.binac if learned else None), **train,
+               "seconds_rollout": t_roll, "seconds_step": time.perf_counter() - t0,
+               "samples_seen": (step + 1) * table.num_rows, "bad_prompt_rows": len(self.source.bad_rows),
+               "prompt_ids": list(dict.fromkeys(table.column("prompt_id").to_pylist()))}
+        row["engine_version_lag"] = (row["policy_version"] - int(row.get("actor_trained", True))
+                                     - row["policy_version_rollout"])  # 0: strictly on-policy
+        if run.eval_every and (step + 1) % run.eval_every == 0:
+            t1 = time.perf_counter()
+            row["eval"] = self.evaluate(full=self.cfg.eval.during_training == "all")
+            row["seconds_eval"] = time.perf_counter() - t1
+            _log(f"eval after step {step + 1}: " + M.eval_line(row["eval"]))
+        return row
+
+    def train(self) -> dict:
+        """Evaluate, run every RL step (from the trainer's start step), evaluate again; the
+        resources must be started."""
+        import ray
+
         from rltf_ray.tracking import Tracker
 
+        run = self.cfg.run
+        start = self.wait_start()
+        summary = self._begin(start)
         tracker, took = Tracker(run, self.out), []
         for step in range(start, run.steps):
-            t0 = time.perf_counter()
-            table = self.rollout(step)
-            t_roll = time.perf_counter() - t0
-            pq.write_table(table, self.out / "rollouts" / f"step_{step}.parquet")
-            if run.turns > 1:
-                check_critique_failures(table.to_pylist(), self.critic_params, run.rounds, step)
-            ray.get(self.broker.put_step.remote(step, [ray.put(table.to_pylist())]))
-            train = self.wait_result(step)
-            learned = self.critic_params.critic == "learned"
-            row = {**M.rollout_metrics(table, run, self.cfg.binac if learned else None), **train,
-                   "seconds_rollout": t_roll,
-                   "seconds_step": time.perf_counter() - t0,
-                   "samples_seen": (step + 1) * table.num_rows, "bad_prompt_rows": len(self.source.bad_rows),
-                   "prompt_ids": list(dict.fromkeys(table.column("prompt_id").to_pylist()))}
-            if run.eval_every and (step + 1) % run.eval_every == 0:
-                t1 = time.perf_counter()
-                row["eval"] = self.evaluate(full=self.cfg.eval.during_training == "all")
-                row["seconds_eval"] = time.perf_counter() - t1
-                _log(f"eval after step {step + 1}: " + M.eval_line(row["eval"]))
-            row["engine_version_lag"] = (row["policy_version"] - int(row.get("actor_trained", True))
-                                         - row["policy_version_rollout"])  # 0: strictly on-policy
-            with mpath.open("a") as f:
+            row = self.step(step)
+            with (self.out / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")
             tracker.log(row, step)
             took.append(row["seconds_step"])
