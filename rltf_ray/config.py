@@ -129,6 +129,21 @@ class TrainerConfig:
     weight_sync: str = "object_store"
     # Custom Ray resources each training worker requires (e.g. {trainer_node: 1}).
     resources: dict = field(default_factory=dict)
+    # LoRA through peft: {rank: 32, alpha: 32, target_modules: [q_proj, ...]}; {} = full
+    # fine-tune. Only the adapters train; the engines get the merged weights.
+    lora: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.lora:
+            unknown = set(self.lora) - {"rank", "alpha", "target_modules", "dropout"}
+            if unknown:
+                raise ConfigError(f"trainer.lora: unknown key {sorted(unknown)[0]!r} "
+                                  "(known: rank, alpha, target_modules, dropout)")
+            if not isinstance(self.lora.get("rank"), int) or self.lora["rank"] < 1:
+                raise ConfigError("trainer.lora.rank: a positive integer is required")
+            if self.zero_stage == 3:
+                raise ConfigError("trainer.lora: use zero_stage <= 2 (the adapters are merged into "
+                                  "full weights for the engines; ZeRO-3 partitions them)")
 
 
 DEFAULT_CRITIC_PROMPT = (

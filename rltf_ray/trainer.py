@@ -206,14 +206,51 @@ def deepspeed_config(cfg: Config) -> dict:
 
 
 def full_state_dict(engine, zero_stage: int) -> dict:
-    """Full weights on every rank (ZeRO-3 shards gathered; a collective on all ranks)."""
+    """Full weights on every rank (ZeRO-3 shards gathered; a collective on all ranks); a
+    LoRA model's adapters merged in."""
     if zero_stage == 3:
         import deepspeed
 
         params = list(engine.module.parameters())
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
             return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
-    return {k: v.detach() for k, v in engine.module.state_dict().items()}
+    return merged_state_dict(engine.module)
+
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def build_model(model_path: str, cfg: Config):
+    """The trainable model: the HF model, or it wrapped with LoRA adapters (only they train)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    lora = cfg.trainer.lora
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(
+            r=lora["rank"], lora_alpha=lora.get("alpha", lora["rank"]), lora_dropout=lora.get("dropout", 0.0),
+            target_modules=lora.get("target_modules", LORA_TARGETS), bias="none"))
+    return model
+
+
+def merged_state_dict(module) -> dict:
+    """Full weights under the base model's names: for a LoRA model, base + scale * B @ A,
+    computed beside the weights (the base is never modified, so nothing drifts)."""
+    if not hasattr(module, "get_base_model"):
+        return {k: v.detach() for k, v in module.state_dict().items()}
+    from peft.tuners.lora import LoraLayer
+
+    base = module.get_base_model()
+    out = {k.replace(".base_layer", ""): v.detach().clone() for k, v in base.state_dict().items()
+           if "lora_" not in k}
+    for name, layer in base.named_modules():
+        if isinstance(layer, LoraLayer):
+            for adapter in layer.active_adapters:
+                out[f"{name}.weight"] += layer.get_delta_weight(adapter).detach()
+    return out
 
 
 class Learner:
@@ -224,12 +261,11 @@ class Learner:
                  keep: tuple[str, str] | None = None):
         import deepspeed
         import torch
-        from transformers import AutoModelForCausalLM
 
         from rltf_ray.weight_sync import make_weight_sync
 
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        optim = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr,
+        model = build_model(model_path, cfg)
+        optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.trainer.lr,
                                   weight_decay=cfg.trainer.weight_decay)
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optim, config=deepspeed_config(cfg),
                                                dist_init_required=False)
@@ -248,7 +284,10 @@ class Learner:
         return state
 
     def save(self, path: str, state: dict, tokenizer) -> None:
-        self.engine.module.save_pretrained(path, state_dict=state)
+        """An HF folder of the full (for LoRA: merged) weights, which vLLM loads."""
+        module = self.engine.module
+        base = module.get_base_model() if hasattr(module, "get_base_model") else module
+        base.save_pretrained(path, state_dict=state)
         tokenizer.save_pretrained(path)
 
 

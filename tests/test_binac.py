@@ -2,8 +2,6 @@
 a real DeepSpeed engine pushing into a real critic vLLM engine, and a 2-step `binac` run."""
 import json
 import math
-import os
-import socket
 
 import pytest
 import torch
@@ -66,7 +64,8 @@ def test_learned_critic_config_errors():
 
 
 @pytest.mark.integration
-def test_the_critic_learns_and_its_engine_serves_the_checkpoint(tiny_path, tiny_tokenizer, tmp_path):
+def test_the_critic_learns_and_its_engine_serves_the_checkpoint(tiny_path, tiny_tokenizer, tmp_path,
+                                                                gloo_world):
     """A critic step on hand-made rows with varied rewards: a gradient, a new served version,
     the critic engine's log-prob of a fixed critique moves, and equals a fresh engine's on
     the saved critic checkpoint."""
@@ -78,15 +77,7 @@ def test_the_critic_learns_and_its_engine_serves_the_checkpoint(tiny_path, tiny_
     from rltf_ray.trainer import Learner, critic_config, critic_learn_step
 
     ray.init(num_cpus=4, include_dashboard=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        import deepspeed
-
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         engine = start_engines(tiny_path, EngineConfig(max_model_len=512), "float32", 0)[0]
         cfg = Config(trainer=TrainerConfig(bf16=False, micro_batch_size=4),
                      binac=BinacConfig(lr=1e-2, temperature=1.0), loss=LossConfig())
@@ -110,7 +101,6 @@ def test_the_critic_learns_and_its_engine_serves_the_checkpoint(tiny_path, tiny_
         again = ray.get(fresh.sequence_logprobs.remote(*probe))
         assert max(abs(a - c) for a, c in zip(after, again)) < 1e-4
     finally:
-        dist.destroy_process_group()
         ray.shutdown()
 
 

@@ -2,8 +2,6 @@
 an unscored revision does not poison the step, and a non-finite loss stops the step before
 the optimizer moves the weights."""
 import math
-import os
-import socket
 
 import pytest
 import torch
@@ -12,27 +10,18 @@ from rltf_ray.config import Config, LossConfig, TrainerConfig
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_path):
+def engine(tiny_path, gloo_world):
     import deepspeed
-    import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
     from rltf_ray.trainer import deepspeed_config
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
-                      LOCAL_RANK="0")
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     cfg = Config(trainer=TrainerConfig(zero_stage=2, bf16=False, lr=1e-3, micro_batch_size=4))
     model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
     optim = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr)
     eng, *_ = deepspeed.initialize(model=model, optimizer=optim, config=deepspeed_config(cfg),
                                    dist_init_required=False)
-    yield eng
-    dist.destroy_process_group()
+    return eng
 
 
 def rows(r1_second=0.0, behav=-2.0):
@@ -91,3 +80,28 @@ def test_the_mismatch_is_reported_when_no_rl_sequence_is_trained(engine, tiny_to
                    0, 0, 0, 1)
     assert m["rl_tokens_trained"] == 0 and m["mismatch_tokens"] > 0
     assert m["logprob_abs_diff_mean"] > 0 and m["sampler_trainer_kl"] > 0
+
+
+def test_lora_trains_only_the_adapters_and_syncs_merged_weights(tiny_path, tiny_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from rltf_ray.objectives import build_examples, micro_loss, step_normalisers
+    from rltf_ray.trainer import build_model, merged_state_dict
+
+    cfg = Config(trainer=TrainerConfig(lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}))
+    model = build_model(tiny_path, cfg)
+    base = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).state_dict()
+    merged = merged_state_dict(model)
+    assert set(merged) == set(base)  # the engines' names
+    assert all(torch.equal(merged[k], base[k]) for k in base)  # B = 0 at init: nothing moved yet
+    ex, _ = build_examples(rows(), cfg, tiny_tokenizer)
+    loss, _ = micro_loss(model, ex, step_normalisers(ex, cfg), cfg, 0)
+    loss.backward()
+    with_grad = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert with_grad and all("lora_" in n for n in with_grad)  # gradients reach the adapters only
+    assert not any(p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    opt.step()
+    after = merged_state_dict(model)
+    moved = {k for k in base if not torch.equal(after[k], base[k])}
+    assert moved and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in moved)

@@ -134,3 +134,26 @@ def test_a_revision_prompt_that_outgrows_the_context_ends_its_episode(shared_ray
     assert all(r["context_overflow"] and not r["revised"] and not r["revision_ids"] for r in critiqued)
     assert m["revised_rows"] == 0 and m["examples_rl1"] == 0 and math.isfinite(m["loss"])
     assert summary["engine_versions"] == [1]
+
+
+def test_lora_run_pushes_merged_weights_to_the_engine(shared_ray, tmp_path, tiny_path):
+    cfg = load_config("pipelines/configs/tiny.yaml",
+                      [f"run.output_dir={tmp_path}", "run.steps=1", "run.eval_before_after=false",
+                       "run.serve_http_port=8146", "trainer.lora={rank: 8, alpha: 16}", "trainer.lr=0.05",
+                       "pipeline.first_turn.max_tokens=8", "loss.lambda_fm=1.0"])
+    pipe = Pipeline(cfg)
+    pipe.start()
+    try:
+        probe = ([1, 5, 9, 13], [17, 21, 25])
+        before = ray.get(pipe.engines[0].sequence_logprobs.remote(*probe))
+        summary = pipe.train()  # FM on the critiques always trains (no advantage needed)
+        after = ray.get(pipe.engines[0].sequence_logprobs.remote(*probe))
+    finally:
+        pipe.stop()
+    m = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert summary["engine_versions"] == [1] and math.isfinite(m["loss"]) and m["examples_fm"] > 0
+    assert max(abs(a - b) for a, b in zip(before, after)) > 1e-4  # the merged weights reached vLLM
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "checkpoints" / "step_1" / "model.safetensors"))
+    assert not any("lora_" in k or "base_layer" in k for k in saved)  # a plain HF folder for vLLM

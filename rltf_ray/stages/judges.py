@@ -14,6 +14,7 @@ import re
 
 from ray import serve
 
+from rltf_ray.chat import encode
 from rltf_ray.stages.critique import DEPLOYMENT_OPTIONS, CriticEndpoints, CriticItemError, per_item
 
 VERDICT = re.compile(r"Your previous attempt was (correct|incorrect)\.?", re.IGNORECASE)
@@ -125,8 +126,6 @@ class LLMJudgeCritic(CriticEndpoints):
     def _judge_all(self, items: list[dict]) -> list[dict]:
         """Free-text critiques; a critique without a readable verdict line gets one in a second,
         constrained pass (vLLM structured outputs), so even a small judge always decides."""
-        from rltf_ray.chat import encode
-
         parsed = per_item(_item_fields, items)
         good = [i for i, f in enumerate(parsed) if not isinstance(f, dict)]  # dicts: item errors
         results = self._judge_parsed([parsed[i] for i in good]) if good else []
