@@ -40,8 +40,10 @@ def collect_run(out: Path, preset: str, seed: int) -> dict:
             "prompt_ids": [m.get("prompt_ids", []) for m in steps]}
 
 
-def _fmt(m: float, se: float) -> str:
-    return f"{m:.3f} ± {se:.3f}"
+def _cell(values: list[float]) -> str:
+    """Mean ± SE; a single seed has no standard error, and the cell says so instead of ± 0."""
+    m, se = mean_se(values)
+    return f"{m:.3f} ± {se:.3f}" if len(values) > 1 else f"{m:.3f} (1 seed)"
 
 
 def write_table(runs: list[dict], path: Path, title: str = "") -> str:
@@ -62,9 +64,9 @@ def write_table(runs: list[dict], path: Path, title: str = "") -> str:
         after = [r["after"]["greedy_accuracy"] for r in rs if r["after"]]
         before = [r["before"]["greedy_accuracy"] for r in rs if r["before"]]
         change = [a - b for a, b in zip(after, before)]
-        cells = [preset, str(len(rs)), _fmt(*mean_se(after)), _fmt(*mean_se(before)), _fmt(*mean_se(change)),
+        cells = [preset, str(len(rs)), _cell(after), _cell(before), _cell(change),
                  f"{mean_se([r['revision_gain'] for r in rs])[0]:+.3f}"]
-        cells += [_fmt(*mean_se([r["after"][k] for r in rs if r["after"] and k in r["after"]])) for k in extra]
+        cells += [_cell([r["after"][k] for r in rs if r["after"] and k in r["after"]]) for k in extra]
         cells += [f"{mean_se([r['generate_tokens'] for r in rs])[0]:.0f}",
                   f"{mean_se([r['seconds'] for r in rs])[0] / 60:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")

@@ -105,6 +105,7 @@ def test_the_critic_learns_and_its_engine_serves_the_checkpoint(tiny_path, tiny_
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # ~4-8 min on 2 cores: `make test-all`
 def test_binac_runs_two_steps_end_to_end(tmp_path, tiny_path):
     from rltf_ray.runner import Pipeline
 

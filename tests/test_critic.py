@@ -129,3 +129,20 @@ def test_one_bad_item_fails_alone_and_http_rejects_bad_bodies(serve_up):
     r = requests.post(url, json={"response": 3}, timeout=30)
     assert r.status_code == 400 and "critic request must be" in r.json()["error"]
     assert requests.post(url, json=good, timeout=30).json()["correct"] is True
+
+
+def test_a_killed_critic_replica_is_replaced_and_its_rows_retried(serve_up):
+    """Serve replaces a dead replica; the rows sent meanwhile fail, are retried with backoff,
+    and come back critiqued. Nothing ends `critique_failed` while a retry is left."""
+    p = deploy("crit_kill", retries=6, backoff_s=0.5, timeout_s=20.0, early_termination=False)
+
+    def replicas():
+        return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["namespace"] == "serve" and "crit_kill" in a["name"] and "REPLICA" in a["name"]}
+
+    [victim] = replicas()
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    out = make_critique(TASK, p)(rows([41, 50, 42]))
+    assert [r["critique_failed"] for r in out] == [False, False, False], [r["critique_error"] for r in out]
+    assert "too low" in out[0]["critique"] and [r["reward_first"] for r in out] == [0.0, 0.0, 1.0]
+    assert replicas() and victim not in replicas()  # a new replica serves

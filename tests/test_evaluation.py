@@ -35,12 +35,13 @@ def run(preset, seed, before, after, gain=0.1):
 
 def test_comparison_table_is_mean_and_standard_error_over_seeds(tmp_path):
     runs = [run("grpo_single", 0, 0.2, 0.3), run("grpo_single", 1, 0.2, 0.5),
-            run("rltf_sd", 0, 0.2, 0.6), run("rltf_sd", 1, 0.2, 0.6)]
+            run("rltf_sd", 0, 0.2, 0.6), run("rltf_sd", 1, 0.2, 0.6), run("rltf_fm", 0, 0.2, 0.5)]
     text = write_table(runs, tmp_path / "t.md", "t")
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
     assert "0.400 ± 0.100" in rows["grpo_single"]  # after: mean of 0.3, 0.5; se = 0.1414/sqrt(2)
     assert "0.200 ± 0.100" in rows["grpo_single"]  # change
     assert "0.600 ± 0.000" in rows["rltf_sd"] and "0.700 ± 0.000" in rows["rltf_sd"]  # pass@4
+    assert "0.500 (1 seed)" in rows["rltf_fm"] and "±" not in rows["rltf_fm"]  # no SE from one seed
     assert "16 distinct held-out problems" in text and (tmp_path / "t.md").read_text() == text
 
 
@@ -63,6 +64,7 @@ def test_eval_cli_measures_everything_on_distinct_problems(tmp_path, tiny_path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # ~4-8 min on 2 cores: `make test-all`
 def test_compare_runner_equal_prompts_table_picture_and_restart(tmp_path, tiny_path, capsys):
     sys.path.insert(0, str(ROOT / "pipelines"))
     import compare

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -108,8 +109,8 @@ def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path):
                 pass
             assert server.poll() is None, (tmp_path / "vllm_server.log").read_text()[-3000:]
             time.sleep(2)
-        os.environ["RLTF_TEST_JUDGE_KEY"] = "sk-local-test"
-        ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"RLTF_TEST_JUDGE_KEY": "sk-local-test"}})
+        os.environ["RLTF_TEST_JUDGE_KEY"] = "sk-local-test"  # planted: must never reach a log
+        ray.init(num_cpus=4, include_dashboard=False)  # the local workers inherit the environment
         p = CritiqueParams(critic="openai", base_url=f"http://127.0.0.1:{port}/v1", model="tiny-judge",
                            api_key_env="RLTF_TEST_JUDGE_KEY", judge_max_tokens=12, app_name="oai")
         serve.start(http_options={"host": "127.0.0.1", "port": 8152})
@@ -128,7 +129,7 @@ def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path):
         silent.listen(16)
         slow = CritiqueParams(critic="openai", base_url=f"http://127.0.0.1:{silent.getsockname()[1]}/v1",
                               model="m", app_name="oai_silent", timeout_s=1.0, retries=1, backoff_s=0.01,
-                              early_termination=False)
+                              early_termination=False, api_key_env="RLTF_TEST_JUDGE_KEY")
         serve.run(build_critic_app(TaskConfig(), slow), name="oai_silent", route_prefix="/oai_silent")
         meta = json.dumps({"a": 1, "b": 2, "op": "+", "answer": 3})
         rows = [{"prompt_id": "p", "prompt": "What is 1 + 2?", "meta": meta, "response": f"<answer>{k}</answer>"}
@@ -137,8 +138,14 @@ def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path):
         assert [r["critique_failed"] for r in out] == [True, True] and [r["revised"] for r in out] == [False, False]
         assert all("Timeout" in r["critique_error"] or "timed out" in r["critique_error"].lower() for r in out)
         assert [r["reward_first"] for r in out] == [1.0, 0.0]  # the verifier's rewards are kept
+        assert not any("sk-local-test" in r["critique_error"] for r in out)
         silent.close()
         serve.shutdown()
+        logs = Path(ray._private.worker._global_node.get_logs_dir_path())
+        files = [f for f in logs.rglob("*") if f.is_file()]
+        assert any("ServeReplica" in f.read_text(errors="ignore") for f in files)  # the replicas' logs are here
+        leaked = [f.name for f in files if b"sk-local-test" in f.read_bytes()]
+        assert not leaked, f"the planted API key is in these Ray logs: {leaked}"
     finally:
         ray.shutdown()
         server.terminate()
