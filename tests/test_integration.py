@@ -156,6 +156,9 @@ def test_dashboard_metrics_and_named_actors(run):
     assert gauge(text, "ray_rltf_first_turn_accuracy", name) == pytest.approx(last["first_turn_accuracy"])
     assert gauge(text, "ray_rltf_engine_version_lag", name) == 0  # strictly on-policy
     assert 'phase="rollout"' in text and "ray_rltf_step_seconds" in text
+    critic = [ln for ln in text.splitlines() if ln.startswith("ray_rltf_critic_requests") and "ProgrammaticCritic" in ln]
+    assert critic and sum(float(ln.rsplit(" ", 1)[1]) for ln in critic) > 0  # from inside the replica
+    assert "ray_rltf_critic_latency_ms_bucket" in text
     apps = run["apps"]["applications"]
     assert apps["rltf_critic"]["status"] == "RUNNING"
     names = {a.get("name") for a in run["actors"]["data"]["result"]["result"]}

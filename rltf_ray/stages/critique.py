@@ -49,16 +49,34 @@ def per_item(fn, items: list) -> list:
     return out
 
 
+def _serve_metrics() -> dict:
+    """Prometheus series of a critic replica (Serve adds the app, deployment and replica
+    tags): requests, per-item failures and latency, beside Serve's own request metrics."""
+    from ray.serve import metrics
+
+    return {"requests": metrics.Counter("rltf_critic_requests", "rltf_ray: critique requests"),
+            "errors": metrics.Counter("rltf_critic_item_errors", "rltf_ray: critique requests that failed"),
+            "latency": metrics.Histogram("rltf_critic_latency_ms", "rltf_ray: critique latency (ms)",
+                                         boundaries=[1, 5, 20, 100, 500, 2000, 10000, 60000])}
+
+
 class CriticEndpoints:
     """What every critic deployment serves: `judge(item)` (one request; batched critics
     implement `judge_batch`), HTTP with size and shape checks, and call counters."""
 
     batches = 0
     requests = 0
+    _metrics: dict | None = None
 
     async def judge(self, item: dict) -> dict:
+        if self._metrics is None:
+            self._metrics = _serve_metrics()
+        start = time.perf_counter()
         res = await self.judge_batch(item)
+        self._metrics["requests"].inc()
+        self._metrics["latency"].observe(1000 * (time.perf_counter() - start))
         if isinstance(res, dict) and ITEM_ERROR in res:
+            self._metrics["errors"].inc()
             raise CriticItemError(res[ITEM_ERROR])
         return res
 
