@@ -130,7 +130,8 @@ class Task(ABC):
     def demonstration(self, meta: dict) -> str:
         """A correct solution in the task's answer format, for supervised warm starts."""
         if meta.get("answer") is None:
-            raise NotImplementedError(f"task {self.name} has no reference answer to demonstrate")
+            raise ValueError(f"task {self.name}: this row has no reference answer (meta.answer), "
+                             "so no warm-start demonstration can be built")
         return self.answer_format.replace("...", str(meta["answer"]))
 
     def critique(self, text: str, meta: dict) -> str:
