@@ -422,6 +422,12 @@ def _merge(base: dict, top: dict) -> dict:
     return out
 
 
+def _lookup(data: dict, dotted: str):
+    for part in dotted.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: typing.Sequence[str] = (),
                 preset: str | None = None) -> Config:
     data: dict = {}
@@ -443,11 +449,18 @@ def load_config(path: str | os.PathLike | None = None, overrides: typing.Sequenc
         preset_data = yaml.safe_load(preset_file.read_text()) or {}
         preset_data.pop("description", None)
         node_defaults = preset_data.pop("node_params", {})
+        # keys that define the preset (fixed_critic's frozen critic): a config or override
+        # that changes one would silently turn the preset into another method
+        locked = {k: _lookup(preset_data, k) for k in preset_data.pop("locked", [])}
         data = _merge(preset_data, data)
     else:
-        node_defaults = {}
+        node_defaults, locked = {}, {}
     for o in overrides:
         apply_override(data, o)
+    for key, want in locked.items():
+        if _lookup(data, key) != want:
+            raise ConfigError(f"preset '{preset}' fixes {key} = {want!r}; the config or an override "
+                              f"sets {_lookup(data, key)!r}. Drop that setting or choose another preset")
     if node_defaults:  # a preset's node params fill what the config and overrides left unset
         nodes = data.setdefault("pipeline", [dataclasses.asdict(n) for n in DEFAULT_PIPELINE])
         for n in nodes:

@@ -41,6 +41,15 @@ def test_bad_overrides_name_the_key(override, match):
         load_config(TINY, [override])
 
 
+def test_a_preset_refuses_an_override_that_would_make_it_another_method():
+    # fixed_critic is the frozen-critic baseline: a shared binac.critic_steps=1 would train it
+    with pytest.raises(ConfigError, match=r"preset 'fixed_critic' fixes binac.critic_steps = 0.*sets 1"):
+        load_config(TINY, ["binac.critic_steps=1"], preset="fixed_critic")
+    cfg = load_config(TINY, ["binac.actor_steps=1"], preset="fixed_critic")  # 1:1 schedule, still frozen
+    assert cfg.binac.critic_steps == 0 and not any(cfg.binac.critic_trains(s) for s in range(4))
+    assert load_config(TINY, ["binac.critic_steps=1"], preset="binac").binac.critic_steps == 1
+
+
 GRAPH = """
 pipeline:
   - {name: prompts, kind: source}

@@ -159,6 +159,14 @@ def test_dashboard_metrics_and_named_actors(run):
     critic = [ln for ln in text.splitlines() if ln.startswith("ray_rltf_critic_requests") and "ProgrammaticCritic" in ln]
     assert critic and sum(float(ln.rsplit(" ", 1)[1]) for ln in critic) > 0  # from inside the replica
     assert "ray_rltf_critic_latency_ms_bucket" in text
+    # every pipeline node reports its rows: all finished (none left in flight) after the run
+    for stage in ("first_turn", "revision"):
+        done = [ln for ln in text.splitlines()
+                if ln.startswith("ray_rltf_stage_rows") and "in_flight" not in ln and f'stage="{stage}"' in ln]
+        left = [ln for ln in text.splitlines()
+                if ln.startswith("ray_rltf_stage_rows_in_flight") and f'stage="{stage}"' in ln]
+        assert done and sum(float(ln.rsplit(" ", 1)[1]) for ln in done) > 0, stage
+        assert left and sum(float(ln.rsplit(" ", 1)[1]) for ln in left) == 0, stage
     apps = run["apps"]["applications"]
     assert apps["rltf_critic"]["status"] == "RUNNING"
     names = {a.get("name") for a in run["actors"]["data"]["result"]["result"]}

@@ -13,6 +13,39 @@ class StageError(RuntimeError):
     pass
 
 
+class _RowMetrics:
+    """Rows in flight and rows done per stage, as Ray metrics (`ray_rltf_stage_rows_in_flight`,
+    `ray_rltf_stage_rows`, a counter). Each Ray Data worker process reports its own count (Ray
+    tags it with the worker), so a dashboard sums over workers by `stage`."""
+
+    def __init__(self):
+        self.in_flight: dict[str, int] = {}
+        self.gauge = self.total = None
+
+    def _ensure(self) -> bool:
+        if self.gauge is None:
+            try:
+                from ray.util.metrics import Counter, Gauge
+
+                self.gauge = Gauge("rltf_stage_rows_in_flight", "rltf_ray: rows inside a pipeline stage",
+                                   tag_keys=("stage",))
+                self.total = Counter("rltf_stage_rows", "rltf_ray: rows a pipeline stage has finished",
+                                     tag_keys=("stage",))
+            except Exception:  # outside a Ray worker there is no metrics agent; the stage still runs
+                return False
+        return True
+
+    def add(self, node: str, n: int, done: int = 0) -> None:
+        self.in_flight[node] = self.in_flight.get(node, 0) + n
+        if self._ensure():
+            self.gauge.set(self.in_flight[node], tags={"stage": node})
+            if done:
+                self.total.inc(done, tags={"stage": node})
+
+
+ROWS = _RowMetrics()
+
+
 def arrow_stage(kind: str, node: str, fn: Callable[[list[dict]], list[dict]], round: int = 1):
     """Wrap a row-list function as an Arrow batch function that enforces the column contract."""
     reads, writes = columns(kind, round)
@@ -21,7 +54,14 @@ def arrow_stage(kind: str, node: str, fn: Callable[[list[dict]], list[dict]], ro
         missing = [c for c in reads if c not in batch.column_names]
         if missing:
             raise StageError(f"node '{node}' ({kind}): input batch lacks columns {missing}")
-        rows = fn(batch.to_pylist())
+        n = batch.num_rows
+        ROWS.add(node, n)
+        try:
+            rows = fn(batch.to_pylist())
+        except BaseException:
+            ROWS.add(node, -n)
+            raise
+        ROWS.add(node, -n, done=n)
         for r in rows[:1]:
             absent = [c for c in writes if c not in r]
             if absent:

@@ -72,9 +72,15 @@ class CriticEndpoints:
         if self._metrics is None:
             self._metrics = _serve_metrics()
         start = time.perf_counter()
-        res = await self.judge_batch(item)
-        self._metrics["requests"].inc()
-        self._metrics["latency"].observe(1000 * (time.perf_counter() - start))
+        try:
+            res = await self.judge_batch(item)
+        except Exception:
+            # a whole batch that fails (engine died, timeout) still counts as a request and an error
+            self._metrics["errors"].inc()
+            raise
+        finally:
+            self._metrics["requests"].inc()
+            self._metrics["latency"].observe(1000 * (time.perf_counter() - start))
         if isinstance(res, dict) and ITEM_ERROR in res:
             self._metrics["errors"].inc()
             raise CriticItemError(res[ITEM_ERROR])
