@@ -110,7 +110,7 @@ def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path):
             assert server.poll() is None, (tmp_path / "vllm_server.log").read_text()[-3000:]
             time.sleep(2)
         os.environ["RLTF_TEST_JUDGE_KEY"] = "sk-local-test"  # planted: must never reach a log
-        ray.init(num_cpus=4, include_dashboard=False)  # the local workers inherit the environment
+        ray.init(num_cpus=8, include_dashboard=False)  # the local workers inherit the environment
         p = CritiqueParams(critic="openai", base_url=f"http://127.0.0.1:{port}/v1", model="tiny-judge",
                            api_key_env="RLTF_TEST_JUDGE_KEY", judge_max_tokens=12, app_name="oai")
         serve.start(http_options={"host": "127.0.0.1", "port": 8152})
@@ -140,6 +140,24 @@ def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path):
         assert [r["reward_first"] for r in out] == [1.0, 0.0]  # the verifier's rewards are kept
         assert not any("sk-local-test" in r["critique_error"] for r in out)
         silent.close()
+        # A whole training run (one RL step) with this judge as its critic: the key must not
+        # reach the run's files either, nor (below) any Ray log of the engines, trainer, replicas
+        from rltf_ray.config import load_config
+        from rltf_ray.runner import Pipeline
+
+        run_dir = tmp_path / "run"
+        cfg = load_config("pipelines/configs/tiny.yaml", [
+            f"run.output_dir={run_dir}", "run.steps=1", "run.eval_before_after=false",
+            "run.serve_http_port=8152", "trainer.num_workers=1", "pipeline.critic.critic=openai",
+            f"pipeline.critic.base_url=http://127.0.0.1:{port}/v1", "pipeline.critic.model=tiny-judge",
+            "pipeline.critic.api_key_env=RLTF_TEST_JUDGE_KEY", "pipeline.critic.judge_max_tokens=12",
+            "pipeline.critic.app_name=oai_run"])
+        summary = Pipeline(cfg).run()
+        assert summary["engine_versions"] == [1]  # the step trained and synced
+        [row] = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert row["critique_failed"] == 0  # the judge answered every row of the step
+        in_run = [f.name for f in run_dir.rglob("*") if f.is_file() and b"sk-local-test" in f.read_bytes()]
+        assert not in_run, f"the planted API key is in these run files: {in_run}"
         serve.shutdown()
         logs = Path(ray._private.worker._global_node.get_logs_dir_path())
         files = [f for f in logs.rglob("*") if f.is_file()]
