@@ -168,10 +168,12 @@ class BinacConfig:
     num_engines: int = 1
     # The critic's reward for a critique c of attempt y0: improvement r1 - r0, or outcome r1;
     # plus verdict_bonus when its verdict line agrees with the verifier; format_penalty
-    # (instead of the rest) when it has no verdict line.
+    # (instead of the rest) when it has no verdict line; None drops the format requirement
+    # (for a critic model too small to write the verdict line, whose rewards would all be the
+    # penalty, so that GRPO over its critiques gets no signal at all).
     critic_reward: str = "improvement"
     verdict_bonus: float = 0.0
-    format_penalty: float = -1.0
+    format_penalty: float | None = -1.0
     critique_correct: bool = False  # also critique (for the critic only) correct first answers
     # Schedule: a cycle of max(actor_steps, critic_steps) RL steps; the actor trains on its
     # first actor_steps, the critic on its last critic_steps (1:1 = both every step;

@@ -137,12 +137,13 @@ def critic_rewards(r0: float, correct0: bool, revision_rewards: list[float], ver
     """The reward of each of the K critiques of one attempt y0 (reward r0, verdict correct0):
     `improvement` mean_m r1_km - r0, or `outcome` mean_m r1_km, over its M revisions; plus
     `verdict_bonus` when its verdict line agrees with the verifier; `format_penalty` instead
-    of all that when it has no verdict line."""
+    of all that when it has no verdict line (format_penalty None: no format requirement, so a
+    critique without a verdict line earns its improvement or outcome all the same)."""
     k_n = len(format_ok)
     m = len(revision_rewards) // k_n if k_n else 0
     out = []
     for k in range(k_n):
-        if not format_ok[k]:
+        if not format_ok[k] and b.format_penalty is not None:
             out.append(b.format_penalty)
             continue
         r1 = sum(revision_rewards[k * m:(k + 1) * m]) / m

@@ -22,6 +22,12 @@ def test_critic_rewards_exact(reward, bonus, expected):
     assert got == pytest.approx(expected)
 
 
+def test_without_a_format_requirement_a_critique_lacking_the_verdict_line_earns_its_improvement():
+    b = BinacConfig(format_penalty=None, verdict_bonus=0.3)
+    got = critic_rewards(0.2, False, [1.0, 1.0, 0.0, 1.0, 1.0, 1.0], [False, True, None], [True, True, False], b)
+    assert got == pytest.approx([0.8 + 0.3, 0.3, 1.0 - 0.2])  # no bonus: it states no verdict
+
+
 def critic_row(rev_rewards, verdicts=(False, False), fmt=(True, True)):
     return {"prompt_id": "p", "reward_first": 0.0, "correct_first": False, "critic_prompt_ids": [1, 2, 3],
             "critic_critiques": ["a", "b"], "critic_critique_ids": [[7, 8], [9]],
