@@ -89,11 +89,11 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    root = Path(args.results) / args.name
-    (root / "runs").mkdir(parents=True, exist_ok=True)
     if args.seeds < 1 or args.first_seed < 0:
         print("--seeds must be >= 1 and --first-seed >= 0", file=sys.stderr)
         return 2
+    root = Path(args.results) / args.name
+    (root / "runs").mkdir(parents=True, exist_ok=True)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     plan = [(p, s, root / "runs" / f"{p}_s{s}") for s in seeds for p in presets]
     todo = [(p, s, out) for p, s, out in plan if not (out / "summary.json").is_file()]

@@ -43,6 +43,15 @@ def gauge(text: str, name: str, run: str) -> float:
     raise AssertionError(f"{name} for run {run} not exported")
 
 
+def series_sum(text: str, name: str, tag: str) -> float:
+    """Sum of every exported series `name{...}` whose labels contain `tag` (one per worker or
+    replica); fails when there is none."""
+    vals = [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+            if ln.startswith(name + "{") and tag in ln]
+    assert vals, f"{name} with {tag} not exported"
+    return sum(vals)
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, tiny_path):
     out = tmp_path_factory.mktemp("run")
@@ -156,17 +165,16 @@ def test_dashboard_metrics_and_named_actors(run):
     assert gauge(text, "ray_rltf_first_turn_accuracy", name) == pytest.approx(last["first_turn_accuracy"])
     assert gauge(text, "ray_rltf_engine_version_lag", name) == 0  # strictly on-policy
     assert 'phase="rollout"' in text and "ray_rltf_step_seconds" in text
-    critic = [ln for ln in text.splitlines() if ln.startswith("ray_rltf_critic_requests") and "ProgrammaticCritic" in ln]
-    assert critic and sum(float(ln.rsplit(" ", 1)[1]) for ln in critic) > 0  # from inside the replica
+    # from inside the replica (a counter may be exported with or without Prometheus' _total)
+    critic = [n for n in ("ray_rltf_critic_requests", "ray_rltf_critic_requests_total") if n + "{" in text]
+    assert critic and series_sum(text, critic[0], "ProgrammaticCritic") > 0
     assert "ray_rltf_critic_latency_ms_bucket" in text
     # every pipeline node reports its rows: all finished (none left in flight) after the run
+    rows = [n for n in ("ray_rltf_stage_rows", "ray_rltf_stage_rows_total") if n + "{" in text]
+    assert rows, "ray_rltf_stage_rows not exported"
     for stage in ("first_turn", "revision"):
-        done = [ln for ln in text.splitlines()
-                if ln.startswith("ray_rltf_stage_rows") and "in_flight" not in ln and f'stage="{stage}"' in ln]
-        left = [ln for ln in text.splitlines()
-                if ln.startswith("ray_rltf_stage_rows_in_flight") and f'stage="{stage}"' in ln]
-        assert done and sum(float(ln.rsplit(" ", 1)[1]) for ln in done) > 0, stage
-        assert left and sum(float(ln.rsplit(" ", 1)[1]) for ln in left) == 0, stage
+        assert series_sum(text, rows[0], f'stage="{stage}"') > 0, stage
+        assert series_sum(text, "ray_rltf_stage_rows_in_flight", f'stage="{stage}"') == 0, stage
     apps = run["apps"]["applications"]
     assert apps["rltf_critic"]["status"] == "RUNNING"
     names = {a.get("name") for a in run["actors"]["data"]["result"]["result"]}
