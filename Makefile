@@ -7,7 +7,7 @@ export DS_ACCELERATOR ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 export RAY_DEDUP_LOGS ?= 1
 
-.PHONY: install models models-tiny demo test test-all test-unit bench bench-compare clean
+.PHONY: install models models-tiny demo test test-all test-unit bench bench-compare bench-async clean
 
 install: $(VENV)/.installed
 
@@ -32,7 +32,7 @@ demo: models
 
 # `make test` stays within CI's budget on 2 cores; `make test-all` adds the tests marked slow.
 test: models-tiny
-	$(PY) -m pytest -q -ra -m "not slow"
+	$(PY) -m pytest -q -ra -m "not slow" --durations=25
 
 test-all: models-tiny
 	$(PY) -m pytest -q -ra
@@ -49,7 +49,12 @@ bench: models
 
 # rltf_ray against raw vLLM, a plain torch learner and a hand-written loop, on the same prompts
 bench-compare: models
+	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/bench_compare.py --model smollm2
+
+# asynchronous overlap (run.max_staleness 0 against 1), same prompts
+bench-async: models-tiny
+	$(PY) benchmarks/bench_async.py --config pipelines/configs/tiny.yaml --steps 6
 
 clean:
 	rm -rf outputs .pytest_cache

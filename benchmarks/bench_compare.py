@@ -7,10 +7,11 @@
    torch AdamW step on the non-zero-advantage sequences, then an in-place `reload_weights`
    -> seconds per step, split, and trained tokens/s (the learner floor);
 3. rltf_ray `grpo_single` on the same prompts and sizes (demo config) -> the same figures
-   from metrics.jsonl; and the weight sync of the tiny model, for the slope against size.
+   from metrics.jsonl; and the weight sync of the tiny model, for the slope against size;
+4. TRL's GRPOTrainer (pinned in the `bench` extra; `make bench-compare` installs it) on the
+   same prompts, CPU, fp32, HF generate -> seconds per step.
 The first step of each loop is a warm-up and is not counted. Prints a table of figures and
-ratios; record it in docs/benchmarks.md with the machine it ran on. TRL is not installed
-here (not pinned), so the TRL column of the performance issue is not measured.
+ratios; record it in docs/benchmarks.md with the machine it ran on.
 """
 from __future__ import annotations
 
@@ -28,20 +29,75 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def step_prompts(model: str, steps: int, prompts: int) -> list[list[list[int]]]:
-    """The token-id prompts of each step, exactly as rltf_ray's generate stage builds them."""
-    from rltf_ray.chat import encode, first_turn_messages, load_tokenizer
+def step_rows(steps: int, prompts: int) -> list[list[dict]]:
+    """Each step's prompt rows (prompt text, meta), exactly as rltf_ray's source stage yields them."""
     from rltf_ray.config import load_config
     from rltf_ray.graph import node_params
-    from rltf_ray.models import resolve_model
     from rltf_ray.sources import PromptSource
     from rltf_ray.tasks import get_task
 
     cfg = load_config(ROOT / "pipelines/configs/demo.yaml", [f"pipeline.prompts.prompts_per_step={prompts}"])
-    tok = load_tokenizer(resolve_model(model))
     src = PromptSource(get_task(cfg.task), node_params(cfg.node("source")), steps, cfg.run.seed)
-    return [[(encode(tok, first_turn_messages(r["prompt"])), r["meta"]) for r in src.rows_for_step(s)]
-            for s in range(steps)]
+    return [src.rows_for_step(s) for s in range(steps)]
+
+
+def step_prompts(model: str, steps: int, prompts: int) -> list[list[list[int]]]:
+    """The token-id prompts of each step, exactly as rltf_ray's generate stage builds them."""
+    from rltf_ray.chat import encode, first_turn_messages, load_tokenizer
+    from rltf_ray.models import resolve_model
+
+    tok = load_tokenizer(resolve_model(model))
+    return [[(encode(tok, first_turn_messages(r["prompt"])), r["meta"]) for r in rows]
+            for rows in step_rows(steps, prompts)]
+
+
+def arithmetic():
+    from rltf_ray.config import TaskConfig
+    from rltf_ray.tasks import get_task
+
+    return get_task(TaskConfig(name="arithmetic", extraction="last_number", format_weight=0.0,
+                               params={"min_digits": 1, "max_digits": 2, "ops": ["+"]}))
+
+
+def trl_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: str) -> None:
+    """TRL's GRPOTrainer on CPU (fp32, HF generate), one optimizer step per step's prompts x n
+    samples, the same prompts in the same order (runs in its own process)."""
+    import json as _json
+
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rltf_ray.chat import first_turn_messages
+    from rltf_ray.models import resolve_model
+
+    task = arithmetic()
+    rows = [r for step in step_rows(steps, prompts) for r in step]
+    data = Dataset.from_list([{"prompt": first_turn_messages(r["prompt"]), "meta": r["meta"]} for r in rows])
+
+    def reward(prompts, completions, meta, **_):
+        return [task.score(c[0]["content"], _json.loads(m)).reward for c, m in zip(completions, meta)]
+
+    ends: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            ends.append(time.perf_counter())
+
+    args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="rltf_trl_"), use_cpu=True, bf16=False,
+                      per_device_train_batch_size=prompts * n, gradient_accumulation_steps=1,
+                      num_generations=n, max_completion_length=tokens, temperature=1.0,
+                      learning_rate=5e-6, max_steps=steps, shuffle_dataset=False, save_strategy="no",
+                      logging_steps=1, report_to="none", beta=0.0)
+    trainer = GRPOTrainer(model=resolve_model(model), reward_funcs=reward, args=args, train_dataset=data,
+                          callbacks=[Clock()])
+    t0 = time.perf_counter()
+    trainer.train()
+    starts = [t0] + ends[:-1]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+    Path(out).write_text(json.dumps({"steps": [{"step": i, "seconds_step": e - b}
+                                               for i, (b, e) in enumerate(zip(starts, ends))],
+                                     "peak_rss_gb": peak}))
 
 
 def floor_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: str) -> None:
@@ -56,13 +112,10 @@ def floor_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: s
     from vllm.inputs import TokensPrompt
 
     from rltf_ray import losses
-    from rltf_ray.config import TaskConfig
     from rltf_ray.models import resolve_dtype, resolve_model
-    from rltf_ray.tasks import get_task
 
     path = resolve_model(model)
-    task = get_task(TaskConfig(name="arithmetic", extraction="last_number", format_weight=0.0,
-                               params={"min_digits": 1, "max_digits": 2, "ops": ["+"]}))
+    task = arithmetic()
     llm = LLM(model=path, dtype=resolve_dtype("auto", False), enforce_eager=True, max_model_len=1024, seed=0)
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     opt = torch.optim.AdamW(policy.parameters(), lr=5e-6)
@@ -123,6 +176,14 @@ def run_pipeline(model: str, steps: int, prompts: int, n: int, tokens: int, out:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def contender(which: str, a, out: Path) -> dict:
+    """The hand-written loop or TRL, in a process of its own (each holds a model and an engine)."""
+    subprocess.run([sys.executable, __file__, "--model", a.model, "--steps", str(a.steps), "--prompts",
+                    str(a.prompts), "--n", str(a.n), "--tokens", str(a.tokens), "--only", which, str(out)],
+                   check=True, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2")
@@ -130,19 +191,18 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--floor-only", metavar="OUT", help=argparse.SUPPRESS)
+    ap.add_argument("--no-trl", action="store_true", help="skip TRL's GRPOTrainer (the slowest part)")
+    ap.add_argument("--only", nargs=2, metavar=("WHICH", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.floor_only:
-        floor_loop(a.model, a.steps, a.prompts, a.n, a.tokens, a.floor_only)
+    if a.only:
+        {"floor": floor_loop, "trl": trl_loop}[a.only[0]](a.model, a.steps, a.prompts, a.n, a.tokens, a.only[1])
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="rltf_bench_compare_"))
-    subprocess.run([sys.executable, __file__, "--model", a.model, "--steps", str(a.steps), "--prompts",
-                    str(a.prompts), "--n", str(a.n), "--tokens", str(a.tokens), "--floor-only",
-                    str(tmp / "floor.json")], check=True, stdout=subprocess.DEVNULL)
-    floor = json.loads((tmp / "floor.json").read_text())
+    floor = contender("floor", a, tmp / "floor.json")
     fl = floor["steps"][1:]
     ours = run_pipeline(a.model, a.steps, a.prompts, a.n, a.tokens, tmp / "pipe")[1:]
     tiny = run_pipeline("tiny", a.steps, a.prompts, a.n, a.tokens, tmp / "pipe_tiny")[1:]
+    trl = None if a.no_trl else contender("trl", a, tmp / "trl.json")
     raw_tps = sum(r["generate_tokens"] for r in fl) / sum(r["seconds_generate"] for r in fl)
     our_tps = sum(r["generate_tokens"] for r in ours) / sum(r["seconds_rollout"] for r in ours)
     floor_train = sum(r["train_tokens"] for r in fl) / max(sum(r["seconds_train"] for r in fl), 1e-9)
@@ -155,6 +215,10 @@ def main() -> int:
         ("grpo_single step / hand-written loop, s", mean(ours, "seconds_step"), mean(fl, "seconds_step"),
          mean(ours, "seconds_step") / mean(fl, "seconds_step"), "<= 1.1"),
     ]
+    if trl:
+        t = mean(trl["steps"][1:], "seconds_step")
+        rows.append(("TRL GRPOTrainer step / grpo_single step, s", mean(ours, "seconds_step"), t,
+                     t / mean(ours, "seconds_step"), ">= 3"))
     print(f"\n{a.model}: {a.prompts} prompts x {a.n} samples x {a.tokens} new tokens, {a.steps - 1} steps "
           f"after a warm-up, {os.cpu_count()} cores")
     print("| measure | rltf_ray | floor | ratio | target |")
@@ -168,9 +232,13 @@ def main() -> int:
           f"{mean(fl, 'seconds_sync'):.2f} | {mean(fl, 'seconds_step'):.1f} |")
     print(f"| rltf_ray grpo_single | {mean(ours, 'seconds_rollout'):.1f} | {mean(ours, 'seconds_train'):.1f} | "
           f"{mean(ours, 'seconds_sync'):.2f} | {mean(ours, 'seconds_step'):.1f} |")
+    if trl:
+        print(f"| TRL GRPOTrainer (HF generate) | - | - | - | {mean(trl['steps'][1:], 'seconds_step'):.1f} |")
     print(f"\nweight sync, rltf_ray: tiny {mean(tiny, 'seconds_sync'):.2f} s, {a.model} "
           f"{mean(ours, 'seconds_sync'):.2f} s; hand-written reload_weights {mean(fl, 'seconds_sync'):.2f} s")
     print(f"peak RSS of the hand-written loop (vLLM + torch in one process): {floor['peak_rss_gb']:.1f} GB")
+    if trl:
+        print(f"peak RSS of TRL (HF model, generate and train in one process): {trl['peak_rss_gb']:.1f} GB")
     return 0
 
 

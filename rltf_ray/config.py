@@ -240,6 +240,9 @@ class RunConfig:
     eval_before_after: bool = True
     # Held-out evaluation every this many steps (0 = off), written into metrics.jsonl.
     eval_every: int = 0
+    # Asynchronous overlap: step s+1's rollouts are generated while the learner trains on
+    # step s, by engines at most this many policy versions behind (0 = strictly on-policy).
+    max_staleness: int = 0
     # Continue a run from its last checkpoint: "never" (a fresh run; a previous run's trainer
     # state in the output dir is cleared), "auto" (resume if there is a checkpoint), "must"
     # (resume, and fail if there is none). `pipelines/run.py --resume DIR` sets "must".
@@ -271,6 +274,8 @@ class RunConfig:
             raise ConfigError("run.steps: must be >= 1")
         if self.eval_every < 0:
             raise ConfigError("run.eval_every: must be >= 0")
+        if self.max_staleness < 0:
+            raise ConfigError(f"run.max_staleness: must be >= 0 (0 = on-policy), got {self.max_staleness}")
         if self.resume not in ("never", "auto", "must"):
             raise ConfigError(f"run.resume: expected never, auto or must, got {self.resume!r}")
         if self.max_failures < 0 or self.keep_checkpoints < 1:

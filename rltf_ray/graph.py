@@ -288,6 +288,14 @@ def validate(cfg: Config) -> list[NodeSpec]:
     if not task_has_verifier(cfg.task.name) and critic not in ("llm_judge", "openai"):
         raise ConfigError(f"task '{cfg.task.name}' has no verifier: its rewards come from the "
                           f"critic's score, so use critic llm_judge or openai (got '{critic}')")
+    if cfg.run.max_staleness > 0:
+        if cfg.loss.tis_cap is None:
+            raise ConfigError(f"run.max_staleness={cfg.run.max_staleness} trains on rollouts from older "
+                              "policies: set loss.tis_cap (2.0, as in verl and SkyRL) for the truncated "
+                              "importance-sampling correction")
+        if critic == "learned":
+            raise ConfigError("run.max_staleness > 0 is not supported with critic 'learned' (Bi-NAC's "
+                              "critic trains on-policy on the critiques of the same step)")
     if critic == "learned":
         if cfg.run.turns != 2:
             raise ConfigError(f"critic 'learned' (Bi-NAC) runs two-turn episodes; got run.turns={cfg.run.turns}")

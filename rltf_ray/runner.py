@@ -39,8 +39,10 @@ def init_ray(cfg: Config) -> bool:
         return False
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # On a small, saturated machine Serve's HTTP proxy can take longer than its default 10 s
-    # health-check timeout to answer (or to start), and is then killed; give it a minute.
+    # health-check and 5 s readiness timeouts to answer (or to start), and is then killed;
+    # give it a minute.
     os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     # Logical CPUs: engines and trainer workers each hold one; they take turns on the cores.
     n = cfg.run.local_num_cpus or max(8, os.cpu_count() or 1)
     # glibc gives each thread its own malloc arena; PyTorch's varying-size CPU buffers in
@@ -63,6 +65,7 @@ class Pipeline:
         self.out = Path(cfg.run.output_dir).resolve()
         self.use_gpu = cfg.trainer.weight_sync == "nccl"
         self.dtype = resolve_dtype(cfg.model.dtype, self.use_gpu)
+        self.final_eval: dict | None = None  # the last step's evaluation, when it is the "after" one
 
     def _prompt_fits(self):
         """A check that a file prompt, as the first turn's x0, leaves room for max_tokens."""
@@ -310,9 +313,9 @@ class Pipeline:
         mpath.write_text("".join(x + "\n" for x in kept))
         return {"before": json.loads(before.read_text())} if before.exists() else {}
 
-    def step(self, step: int) -> dict:
-        """One RL step: the graph's rollouts, the critic check, the hand-off to the learner,
-        and the step's metrics row (with a held-out evaluation every `run.eval_every`)."""
+    def launch(self, step: int) -> dict:
+        """Generate a step's rollouts and hand them to the learner, which may still be training
+        an earlier step (run.max_staleness)."""
         import ray
 
         from rltf_ray.stages.critique import check_critique_failures
@@ -325,24 +328,42 @@ class Pipeline:
         if run.turns > 1:
             check_critique_failures(table.to_pylist(), self.critic_params, run.rounds, step)
         ray.get(self.broker.put_step.remote(step, [ray.put(table.to_pylist())]))
+        return {"step": step, "table": table, "t0": t0, "seconds_rollout": t_roll}
+
+    def evaluates_at(self, step: int) -> bool:
+        every = self.cfg.run.eval_every
+        return bool(every) and (step + 1) % every == 0
+
+    def finish(self, launched: dict) -> dict:
+        """Wait until the learner has trained a launched step; the step's metrics row, with a
+        held-out evaluation every `run.eval_every`."""
+        run, step, table = self.cfg.run, launched["step"], launched["table"]
         train = self.wait_result(step)
         learned = self.critic_params.critic == "learned"
         row = {**M.rollout_metrics(table, run, self.cfg.binac if learned else None), **train,
-               "seconds_rollout": t_roll, "seconds_step": time.perf_counter() - t0,
+               "seconds_rollout": launched["seconds_rollout"],
+               "seconds_step": time.perf_counter() - launched["t0"], "finished_at": time.time(),
                "samples_seen": (step + 1) * table.num_rows, "bad_prompt_rows": len(self.source.bad_rows),
                "prompt_ids": list(dict.fromkeys(table.column("prompt_id").to_pylist()))}
         row["engine_version_lag"] = (row["policy_version"] - int(row.get("actor_trained", True))
                                      - row["policy_version_rollout"])  # 0: strictly on-policy
-        if run.eval_every and (step + 1) % run.eval_every == 0:
+        if self.evaluates_at(step):
+            # the engines already hold the step's weights; at the last step this evaluation
+            # is the "after" one, so it runs every measure and is not repeated
+            final = step + 1 == run.steps and run.eval_before_after
             t1 = time.perf_counter()
-            row["eval"] = self.evaluate(full=self.cfg.eval.during_training == "all")
+            row["eval"] = self.evaluate(full=final or self.cfg.eval.during_training == "all")
             row["seconds_eval"] = time.perf_counter() - t1
+            self.final_eval = row["eval"] if final else None
             _log(f"eval after step {step + 1}: " + M.eval_line(row["eval"]))
         return row
 
     def train(self) -> dict:
         """Evaluate, run every RL step (from the trainer's start step), evaluate again; the
-        resources must be started."""
+        resources must be started. With run.max_staleness = k, step s's rollouts are generated
+        once step s - k - 1 is trained, so the engines are at most k versions behind."""
+        import collections
+
         import ray
 
         from rltf_ray.tracking import Tracker
@@ -350,21 +371,32 @@ class Pipeline:
         run = self.cfg.run
         start = self.wait_start()
         summary = self._begin(start)
-        tracker, took = Tracker(run, self.out), []
-        for step in range(start, run.steps):
-            row = self.step(step)
+        tracker, t_start = Tracker(run, self.out), time.perf_counter()
+        pending: collections.deque = collections.deque()
+
+        def record(row: dict) -> None:
             with (self.out / "metrics.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")
-            tracker.log(row, step)
-            took.append(row["seconds_step"])
-            eta = sum(took) / len(took) * (run.steps - step - 1)
+            tracker.log(row, row["step"])
+            done = row["step"] + 1 - start
+            eta = (time.perf_counter() - t_start) / done * (run.steps - row["step"] - 1)
             _log(M.step_line(row, run.steps) + f" | eta {int(eta // 60)}m{int(eta % 60):02d}s")
+
+        for step in range(start, run.steps):
+            # a step that evaluates is finished before the next launch, so that its
+            # evaluation sees exactly that step's policy
+            while pending and (pending[0]["step"] < step - run.max_staleness
+                               or self.evaluates_at(pending[0]["step"])):
+                record(self.finish(pending.popleft()))
+            pending.append(self.launch(step))
+        while pending:
+            record(self.finish(pending.popleft()))
         tracker.close()
         self.fit_thread.join(timeout=120)
         if self.fit_error is not None:
             raise RuntimeError(f"the trainer failed at the end of the run: {self.fit_error!r}")
         if run.eval_before_after and "before" in summary:
-            summary["after"] = self.evaluate()
+            summary["after"] = self.final_eval or self.evaluate()
             _log("after training: " + M.eval_line(summary["after"]))
         summary["engine_versions"] = ray.get([e.ready.remote() for e in self.engines])
         if self.critic_engines:

@@ -57,7 +57,8 @@ def run(tmp_path_factory, tiny_path):
     out = tmp_path_factory.mktemp("run")
     cfg = load_config("pipelines/configs/tiny.yaml",
                       [f"run.output_dir={out}", "run.steps=2", f"run.serve_http_port={PORT}",
-                       "run.checkpoint_every=1", "loss.lambda_fm=0.1", f"run.metrics_export_port={METRICS}"])
+                       "run.checkpoint_every=1", "loss.lambda_fm=0.1", f"run.metrics_export_port={METRICS}",
+                       "run.eval_every=1", "eval.feedback_rounds=1"])
     p = Pipeline(cfg)
     p.start()
     try:
@@ -128,6 +129,15 @@ def test_losses_finite_and_metrics_keys(run):
         # tokens at their sampling temperature (tests/test_sampler_agreement.py: fp32 vs fp32)
         assert 0 < m["logprob_abs_diff_mean"] < 0.05 and m["sampler_trainer_kl"] < 0.01
     assert [m["policy_version"] for m in lines] == [1, 2]
+
+
+def test_eval_every_step_and_the_last_one_is_the_after_eval(run):
+    lines = [json.loads(x) for x in (run["out"] / "metrics.jsonl").read_text().splitlines()]
+    assert "feedback_accuracy_1" not in lines[0]["eval"]  # during training: greedy only
+    # the last step's evaluation runs every measure and stands as "after" (not run twice)
+    after = run["summary"]["after"]
+    assert "feedback_accuracy_1" in after and lines[1]["eval"] == after
+    assert lines[1]["samples_seen"] == 32 and after["problems"] == 16
 
 
 def test_weights_changed_and_engines_serve_new_version(run, tiny_path):

@@ -157,3 +157,26 @@ def test_lora_run_pushes_merged_weights_to_the_engine(shared_ray, tmp_path, tiny
 
     saved = load_file(str(tmp_path / "checkpoints" / "step_1" / "model.safetensors"))
     assert not any("lora_" in k or "base_layer" in k for k in saved)  # a plain HF folder for vLLM
+
+
+def test_async_overlap_keeps_the_staleness_bound_and_evaluates_exact_versions(shared_ray, tmp_path, tiny_path):
+    """run.max_staleness=1: step s's rollouts are generated once step s-2 is trained (while
+    s-1 may still train), so every row is at most one version behind; a step that evaluates
+    is finished before the next launch, so its evaluation sees exactly its own policy. (k = 0,
+    the default, is the synchronous loop: tests/test_integration.py checks version == step.)"""
+    import pyarrow.parquet as pq
+
+    cfg = load_config("pipelines/configs/tiny.yaml",
+                      [f"run.output_dir={tmp_path}", "run.steps=4", "run.eval_before_after=false",
+                       "run.serve_http_port=8147", "run.max_staleness=1", "loss.tis_cap=2.0",
+                       "run.eval_every=3", "eval.prompts=4", "trainer.num_workers=1"])
+    summary = Pipeline(cfg).run()
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [0, 1, 2, 3] and summary["engine_versions"] == [4]
+    versions = [{r["policy_version"] for r in pq.read_table(tmp_path / "rollouts" / f"step_{s}.parquet")
+                 .to_pylist()} for s in range(4)]
+    assert versions[0] == {0} and versions[1] <= {0, 1} and versions[2] <= {1, 2}
+    assert versions[3] == {3}  # launched after step 2, which evaluates, had trained
+    assert [m["engine_version_lag"] for m in lines] == [s - min(v) for s, v in enumerate(versions)]
+    assert lines[2]["eval"]["version"] == 3 and "eval" not in lines[1]
+    assert all(math.isfinite(m["loss"]) for m in lines)
