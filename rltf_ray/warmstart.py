@@ -52,11 +52,12 @@ def revision_demos(engines: list, model_path: str, task, template: str, start: i
             meta = json.loads(row["meta"])
             for g in group:
                 seen += 1
-                if task.score(g.text, meta).correct or len(out) >= count:
+                if task.score(g.text, meta).correct:
                     continue
-                wrong += 1
-                conv = revision_messages(row["prompt"], [(g.text, task.critique(g.text, meta))], template)
-                out.append((conv, task.demonstration(meta)))
+                wrong += 1  # every wrong answer counts, so that the accuracy below is the model's
+                if len(out) < count:
+                    conv = revision_messages(row["prompt"], [(g.text, task.critique(g.text, meta))], template)
+                    out.append((conv, task.demonstration(meta)))
     return out, {"sampled": seen, "wrong": wrong, "first_turn_accuracy": 1 - wrong / max(seen, 1)}
 
 

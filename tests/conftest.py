@@ -45,3 +45,15 @@ def gloo_world():
         dist.init_process_group("gloo", rank=0, world_size=1)
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     yield
+
+
+@pytest.fixture(scope="module")
+def shared_ray():
+    """One local Ray for a test module's runs (each Pipeline joins it)."""
+    import ray
+    from ray import serve
+
+    ray.init(num_cpus=8, include_dashboard=False)
+    yield
+    serve.shutdown()
+    ray.shutdown()

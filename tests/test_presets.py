@@ -17,16 +17,6 @@ PRESETS = sorted(f.stem for f in PRESET_DIR.glob("*.yaml"))
 ONE_STEP = ["grpo_single", "grpo_multi", "rltf_sd_fm", "sft", "fixed_critic"]
 
 
-@pytest.fixture(scope="module")
-def shared_ray():
-    ray.init(num_cpus=8, include_dashboard=False)
-    yield
-    from ray import serve
-
-    serve.shutdown()
-    ray.shutdown()
-
-
 def test_the_paper_presets_and_the_binac_presets_exist():
     assert {"grpo_single", "grpo_multi", "rltf_sd", "rltf_fm", "rltf_sd_fm", "sd_second_turn", "sft",
             "sd_is", "sd_clip", "sd_cispo", "binac", "binac_grpo", "fixed_critic"} == set(PRESETS)
