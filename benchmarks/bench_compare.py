@@ -202,7 +202,12 @@ def main() -> int:
     fl = floor["steps"][1:]
     ours = run_pipeline(a.model, a.steps, a.prompts, a.n, a.tokens, tmp / "pipe")[1:]
     tiny = run_pipeline("tiny", a.steps, a.prompts, a.n, a.tokens, tmp / "pipe_tiny")[1:]
-    trl = None if a.no_trl else contender("trl", a, tmp / "trl.json")
+    trl = None
+    if not a.no_trl:  # last, so that its failure (its traceback is above) loses no other figure
+        try:
+            trl = contender("trl", a, tmp / "trl.json")
+        except subprocess.CalledProcessError as e:
+            print(f"TRL's GRPOTrainer failed (exit {e.returncode}); the TRL row is left out of the table")
     raw_tps = sum(r["generate_tokens"] for r in fl) / sum(r["seconds_generate"] for r in fl)
     our_tps = sum(r["generate_tokens"] for r in ours) / sum(r["seconds_rollout"] for r in ours)
     floor_train = sum(r["train_tokens"] for r in fl) / max(sum(r["seconds_train"] for r in fl), 1e-9)
