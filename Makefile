@@ -43,6 +43,7 @@ test-unit: install
 bench: models
 	$(PY) benchmarks/bench_losses.py
 	$(PY) benchmarks/bench_engine.py tiny smollm2
+	$(PY) benchmarks/bench_engine_host.py --model smollm2
 	$(PY) benchmarks/bench_task_accuracy.py smollm2
 	$(PY) benchmarks/bench_step.py --config pipelines/configs/tiny.yaml --steps 4
 	$(PY) benchmarks/bench_critic_load.py --seconds 20

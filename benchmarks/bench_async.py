@@ -9,34 +9,16 @@ column models a cluster where they have their own nodes: a k = 1 step then costs
 max(rollout, train + sync) instead of their sum, from the k = 0 run's own timings."""
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from rltf_ray.config import load_config  # noqa: E402
-from rltf_ray.runner import run  # noqa: E402
-
-
-def one(config: str, steps: int, k: int, overrides: list[str]) -> list[dict]:
-    out = tempfile.mkdtemp(prefix=f"rltf_bench_async_k{k}_")
-    cfg = load_config(config, [f"run.output_dir={out}", f"run.steps={steps}", "run.eval_before_after=false",
-                               f"run.max_staleness={k}", "loss.tis_cap=2.0", "run.tensorboard=false",
-                               *overrides])
-    run(cfg)
-    return [json.loads(x) for x in Path(out, "metrics.jsonl").read_text().splitlines()]
+from common import config_args, mean, run_pipeline
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="pipelines/configs/tiny.yaml")
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("overrides", nargs="*")
-    a = ap.parse_args()
-    runs = {k: one(a.config, a.steps, k, a.overrides) for k in (0, 1)}
+    a = config_args(__doc__, steps=6).parse_args()
+    runs = {k: run_pipeline(a.config, [f"run.steps={a.steps}", f"run.max_staleness={k}", "loss.tis_cap=2.0",
+                                       *a.overrides], prefix=f"rltf_bench_async_k{k}_")
+            for k in (0, 1)}
     sync = runs[0][1:]
     cluster = sum(max(m["seconds_rollout"], m["seconds_train"] + m["seconds_sync"]) for m in sync) / len(sync)
     serial = sum(m["seconds_rollout"] + m["seconds_train"] + m["seconds_sync"] for m in sync) / len(sync)
@@ -48,10 +30,9 @@ def main() -> int:
         ends = [m["finished_at"] for m in rows]
         per = (ends[-1] - ends[0]) / (len(ends) - 1)
         r = rows[1:]
-        mean = lambda key: sum(m[key] for m in r) / len(r)  # noqa: E731
         model = f"{cluster:.2f} (vs {serial:.2f} in series)" if k == 1 else "-"
-        print(f"| {k} | {per:.2f} | {mean('seconds_rollout'):.2f} | {mean('seconds_train'):.2f} | "
-              f"{mean('seconds_sync'):.2f} | {[m['engine_version_lag'] for m in rows]} | {model} |")
+        print(f"| {k} | {per:.2f} | {mean(r, 'seconds_rollout'):.2f} | {mean(r, 'seconds_train'):.2f} | "
+              f"{mean(r, 'seconds_sync'):.2f} | {[m['engine_version_lag'] for m in rows]} | {model} |")
     return 0
 
 

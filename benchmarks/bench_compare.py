@@ -8,8 +8,13 @@
    -> seconds per step, split, and trained tokens/s (the learner floor);
 3. rltf_ray `grpo_single` on the same prompts and sizes (demo config) -> the same figures
    from metrics.jsonl; and the weight sync of the tiny model, for the slope against size;
-4. TRL's GRPOTrainer (pinned in the `bench` extra; `make bench-compare` installs it) on the
+4. the two-turn step: the hand-written loop with a revision turn (the task's critique of
+   every wrong first answer, one revision each, rltf_sd's rl0 + rl1 + SD terms) against
+   rltf_ray `rltf_sd` on the same prompts;
+5. TRL's GRPOTrainer (pinned in the `bench` extra; `make bench-compare` installs it) on the
    same prompts, CPU, fp32, HF generate -> seconds per step.
+Peak resident memory of each process comes from the same runs (metrics.jsonl for rltf_ray).
+`--parts` runs a subset (single, two_turn, trl), e.g. to rerun one part.
 The first step of each loop is a warm-up and is not counted. Prints a table of figures and
 ratios; record it in docs/benchmarks.md with the machine it ran on.
 """
@@ -18,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -27,6 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from common import mean, run_pipeline  # noqa: E402
+from rltf_ray.metrics import peak_rss_gb  # noqa: E402
 
 
 def step_rows(steps: int, prompts: int) -> list[list[dict]]:
@@ -41,14 +48,19 @@ def step_rows(steps: int, prompts: int) -> list[list[dict]]:
     return [src.rows_for_step(s) for s in range(steps)]
 
 
-def step_prompts(model: str, steps: int, prompts: int) -> list[list[list[int]]]:
-    """The token-id prompts of each step, exactly as rltf_ray's generate stage builds them."""
-    from rltf_ray.chat import encode, first_turn_messages, load_tokenizer
-    from rltf_ray.models import resolve_model
+def step_prompts(tok, steps: int, prompts: int) -> list[list[tuple[list[int], dict, str]]]:
+    """Each step's (token-id prompt, meta, prompt text), as rltf_ray's generate stage builds them."""
+    from rltf_ray.chat import encode, first_turn_messages
 
-    tok = load_tokenizer(resolve_model(model))
-    return [[(encode(tok, first_turn_messages(r["prompt"])), r["meta"]) for r in rows]
+    return [[(encode(tok, first_turn_messages(r["prompt"])), json.loads(r["meta"]), r["prompt"]) for r in rows]
             for rows in step_rows(steps, prompts)]
+
+
+def revision_template() -> str:
+    from rltf_ray.config import load_config
+    from rltf_ray.graph import node_params
+
+    return node_params(load_config(ROOT / "pipelines/configs/demo.yaml").node("revise")).template
 
 
 def arithmetic():
@@ -94,16 +106,37 @@ def trl_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: str
     t0 = time.perf_counter()
     trainer.train()
     starts = [t0] + ends[:-1]
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
     Path(out).write_text(json.dumps({"steps": [{"step": i, "seconds_step": e - b}
                                                for i, (b, e) in enumerate(zip(starts, ends))],
-                                     "peak_rss_gb": peak}))
+                                     "peak_rss_gb": peak_rss_gb()}))
 
 
-def floor_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: str) -> None:
-    """The hand-written loop (runs in its own process: vLLM in process, then torch)."""
-    import json as _json
+GAMMA, LAMBDA_SD, TAU = 0.1, 0.1, -5.0  # rltf_sd's preset values (docs/objectives.md)
 
+
+def two_turn_examples(batch, outs, outs1, revised, r0, r1) -> list[tuple[list[int], int, float, bool]]:
+    """rltf_sd's sequences (ids, prompt length, advantage, is SD) for one step, zero-advantage
+    ones left out: rl0 with G0 = r0 + gamma*r1, rl1 centred over the group's revised rows,
+    and SD on (x0, y1) with lambda_sd * (r1 - mean r0)."""
+    seqs = []
+    for i, ((p, _, _), o) in enumerate(zip(batch, outs)):
+        mine = [j for j in range(len(o.outputs)) if (i, j) in revised]
+        g0 = [r0[i][j] + GAMMA * r1.get((i, j), 0.0) for j in range(len(o.outputs))]
+        base0, first_mean = sum(g0) / len(g0), sum(r0[i]) / len(r0[i])
+        base1 = sum(r1[(i, j)] for j in mine) / max(len(mine), 1)
+        for j, c in enumerate(o.outputs):
+            seqs.append((list(p) + list(c.token_ids), len(p), g0[j] - base0, False))
+        for j in mine:
+            x1, y1 = revised[(i, j)], list(outs1[(i, j)].token_ids)
+            seqs.append((x1 + y1, len(x1), r1[(i, j)] - base1, False))
+            seqs.append((list(p) + y1, len(p), LAMBDA_SD * (r1[(i, j)] - first_mean), True))
+    return seqs
+
+
+def floor_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: str,
+               two_turn: bool = False) -> None:
+    """The hand-written loop (runs in its own process: vLLM in process, then torch); with
+    `two_turn`, a revision turn and rltf_sd's three terms."""
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="2",
                       VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 1) - 1}")
     import torch
@@ -112,40 +145,56 @@ def floor_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: s
     from vllm.inputs import TokensPrompt
 
     from rltf_ray import losses
+    from rltf_ray.chat import encode, load_tokenizer, revision_messages
     from rltf_ray.models import resolve_dtype, resolve_model
 
     path = resolve_model(model)
-    task = arithmetic()
+    task, tok, template = arithmetic(), load_tokenizer(path), revision_template()
     llm = LLM(model=path, dtype=resolve_dtype("auto", False), enforce_eager=True, max_model_len=1024, seed=0)
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     opt = torch.optim.AdamW(policy.parameters(), lr=5e-6)
     sp = SamplingParams(n=n, temperature=1.0, max_tokens=tokens)
     rows = []
-    for step, batch in enumerate(step_prompts(model, steps, prompts)):
+    for step, batch in enumerate(step_prompts(tok, steps, prompts)):
         t0 = time.perf_counter()
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p, _ in batch], sp, use_tqdm=False)
-        t_gen = time.perf_counter() - t0
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p, _, _ in batch], sp, use_tqdm=False)
         gen_tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
-        seqs, advs = [], []
-        for (p, meta), o in zip(batch, outs):
-            r = torch.tensor([task.score(c.text, _json.loads(meta)).reward for c in o.outputs])
-            for c, a in zip(o.outputs, (r - r.mean()).tolist()):
-                if a != 0.0:  # as rltf_ray: zero-advantage sequences are not forwarded
-                    seqs.append((list(p) + list(c.token_ids), len(p)))
-                    advs.append(a)
+        scores = [[task.score(c.text, meta) for c in o.outputs] for (_, meta, _), o in zip(batch, outs)]
+        r0 = [[x.reward for x in group] for group in scores]
+        if two_turn:  # early termination: only wrong first answers are critiqued and revised
+            revised = {(i, j): encode(tok, revision_messages(batch[i][2], [(c.text, task.critique(c.text, batch[i][1]))],
+                                                            template))
+                       for i, o in enumerate(outs) for j, c in enumerate(o.outputs) if not scores[i][j].correct}
+            keys = list(revised)
+            outs1 = llm.generate([TokensPrompt(prompt_token_ids=revised[k]) for k in keys],
+                                 SamplingParams(n=1, temperature=1.0, max_tokens=tokens), use_tqdm=False)
+            outs1 = {k: o.outputs[0] for k, o in zip(keys, outs1)}
+            gen_tokens += sum(len(c.token_ids) for c in outs1.values())
+            r1 = {k: task.score(c.text, batch[k[0]][1]).reward for k, c in outs1.items()}
+            seqs = two_turn_examples(batch, outs, outs1, revised, r0, r1)
+        else:
+            seqs = [(list(p) + list(c.token_ids), len(p), a, False)
+                    for (p, _, _), o, r in zip(batch, outs, r0)
+                    for c, a in zip(o.outputs, [x - sum(r) / len(r) for x in r])]
+        t_gen = time.perf_counter() - t0
         t1 = time.perf_counter()
+        # one shared normaliser, as rltf_ray: every RL token of the step, zero advantages included
+        total = sum(len(s) - st for s, st, _, sd in seqs if not sd)
+        seqs = [x for x in seqs if x[2] != 0.0]  # as rltf_ray: zero-advantage sequences are not forwarded
         trained = 0
-        total = sum(len(s) - st for s, st in seqs)
         opt.zero_grad()
         for k in range(0, len(seqs), 8):
-            chunk, adv = seqs[k:k + 8], torch.tensor(advs[k:k + 8])
-            width = max(len(s) for s, _ in chunk)
+            chunk = seqs[k:k + 8]
+            adv = torch.tensor([a for _, _, a, _ in chunk])
+            width = max(len(s) for s, _, _, _ in chunk)
             ids = torch.zeros(len(chunk), width, dtype=torch.long)
             mask = torch.zeros(len(chunk), width - 1)
-            for i, (s, st) in enumerate(chunk):
+            for i, (s, st, _, _) in enumerate(chunk):
                 ids[i, :len(s)] = torch.tensor(s)
                 mask[i, st - 1:len(s) - 1] = 1
             logp = losses.token_logprobs(policy(input_ids=ids).logits, ids)
+            is_sd = torch.tensor([sd for _, _, _, sd in chunk]).unsqueeze(-1)
+            mask = torch.where(is_sd, mask * losses.sd_keep_mask(logp, TAU), mask)
             loss = losses.token_sum(-adv.unsqueeze(-1) * logp, mask, float(total))
             loss.backward()
             trained += int(mask.sum())
@@ -158,30 +207,40 @@ def floor_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: s
         rows.append({"step": step, "seconds_generate": t_gen, "generate_tokens": gen_tokens,
                      "seconds_train": t_train, "train_tokens": trained, "seconds_sync": t_sync,
                      "seconds_step": time.perf_counter() - t0})
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
-    Path(out).write_text(json.dumps({"steps": rows, "peak_rss_gb": peak}))
+    Path(out).write_text(json.dumps({"steps": rows, "peak_rss_gb": peak_rss_gb()}))
 
 
-def mean(rows: list[dict], key: str) -> float:
-    return sum(r[key] for r in rows) / max(len(rows), 1)
-
-
-def run_pipeline(model: str, steps: int, prompts: int, n: int, tokens: int, out: Path) -> list[dict]:
-    cmd = [sys.executable, str(ROOT / "pipelines/run.py"), "--config", "pipelines/configs/demo.yaml",
-           "--preset", "grpo_single", f"model.path={model}", f"run.steps={steps}", f"run.output_dir={out}",
-           "run.eval_before_after=false", f"pipeline.prompts.prompts_per_step={prompts}",
-           f"pipeline.first_turn.n={n}", f"pipeline.first_turn.max_tokens={tokens}",
-           "pipeline.first_turn.temperature=1.0", "run.tensorboard=false"]
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+def bench_pipeline(model: str, preset: str, a, out: str) -> list[dict]:
+    """rltf_ray on the demo config with the benchmark's sizes; its metrics rows, warm-up dropped."""
+    return run_pipeline("pipelines/configs/demo.yaml", [
+        f"model.path={model}", f"run.steps={a.steps}", f"pipeline.prompts.prompts_per_step={a.prompts}",
+        f"pipeline.first_turn.n={a.n}", f"pipeline.first_turn.max_tokens={a.tokens}",
+        "pipeline.first_turn.temperature=1.0", f"pipeline.revision.max_tokens={a.tokens}",
+        "pipeline.revision.temperature=1.0"], preset=preset, prefix=f"rltf_bench_{out}_", quiet=True)[1:]
 
 
 def contender(which: str, a, out: Path) -> dict:
-    """The hand-written loop or TRL, in a process of its own (each holds a model and an engine)."""
+    """A hand-written loop or TRL, in a process of its own (each holds a model and an engine)."""
     subprocess.run([sys.executable, __file__, "--model", a.model, "--steps", str(a.steps), "--prompts",
                     str(a.prompts), "--n", str(a.n), "--tokens", str(a.tokens), "--only", which, str(out)],
                    check=True, stdout=subprocess.DEVNULL)
-    return json.loads(out.read_text())
+    got = json.loads(out.read_text())
+    got["steps"] = got["steps"][1:]  # the warm-up step
+    return got
+
+
+def rate(rows: list[dict], num: str, den: str) -> float:
+    return sum(r[num] for r in rows) / max(sum(r[den] for r in rows), 1e-9)
+
+
+def step_table(label: str, fl: dict, ours: list[dict]) -> list[str]:
+    f = fl["steps"]
+    return [f"| hand-written loop, {label} | {mean(f, 'seconds_generate'):.1f} | {mean(f, 'seconds_train'):.1f} | "
+            f"{mean(f, 'seconds_sync'):.2f} | {mean(f, 'seconds_step'):.1f} | {fl['peak_rss_gb']:.1f} (one process) |",
+            f"| rltf_ray {label} | {mean(ours, 'seconds_rollout'):.1f} | {mean(ours, 'seconds_train'):.1f} | "
+            f"{mean(ours, 'seconds_sync'):.2f} | {mean(ours, 'seconds_step'):.1f} | "
+            f"learner {max(r['learner_peak_rss_gb'] for r in ours):.1f}, engine "
+            f"{max(r['engine_peak_rss_gb'] for r in ours):.1f} |"]
 
 
 def main() -> int:
@@ -191,59 +250,72 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--no-trl", action="store_true", help="skip TRL's GRPOTrainer (the slowest part)")
+    ap.add_argument("--parts", default="single,two_turn,trl",
+                    help="comma list of single (grpo_single), two_turn (rltf_sd), trl")
     ap.add_argument("--only", nargs=2, metavar=("WHICH", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.only:
-        {"floor": floor_loop, "trl": trl_loop}[a.only[0]](a.model, a.steps, a.prompts, a.n, a.tokens, a.only[1])
+        run = {"floor": floor_loop, "trl": trl_loop,
+               "floor2": lambda *x: floor_loop(*x, two_turn=True)}[a.only[0]]
+        run(a.model, a.steps, a.prompts, a.n, a.tokens, a.only[1])
         return 0
+    parts = set(a.parts.split(","))
+    if not parts or parts - {"single", "two_turn", "trl"}:
+        ap.error(f"--parts: choose from single, two_turn, trl (got {a.parts!r})")
+    if "trl" in parts and "single" not in parts:
+        ap.error("--parts: trl is compared with the grpo_single step, so it needs single too")
+    if a.steps < 2:
+        ap.error("--steps must be at least 2: the first step is a warm-up and is not counted")
     tmp = Path(tempfile.mkdtemp(prefix="rltf_bench_compare_"))
-    floor = contender("floor", a, tmp / "floor.json")
-    fl = floor["steps"][1:]
-    ours = run_pipeline(a.model, a.steps, a.prompts, a.n, a.tokens, tmp / "pipe")[1:]
-    tiny = run_pipeline("tiny", a.steps, a.prompts, a.n, a.tokens, tmp / "pipe_tiny")[1:]
-    trl = None
-    if not a.no_trl:  # last, so that its failure (its traceback is above) loses no other figure
+    print(f"the hand-written loops and TRL write their figures to {tmp}", flush=True)
+    table = ["| measure | rltf_ray | floor | ratio | target |", "| --- | --- | --- | --- | --- |"]
+    steps = ["| seconds per step | generate/rollout | train | sync | whole step | peak RSS, GB |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    notes = []
+
+    def add(name: str, ours_v: float, floor_v: float, ratio: bool, target: str) -> None:
+        """A row; with `ratio`, ours / floor ("-" where the floor is 0: nothing to compare)."""
+        r = f"{ours_v / floor_v:.2f}" if ratio and floor_v else "-"
+        table.append(f"| {name} | {ours_v:.3g} | {floor_v:.3g} | {r} | {target} |")
+
+    if "single" in parts:
+        fl = contender("floor", a, tmp / "floor.json")
+        ours = bench_pipeline(a.model, "grpo_single", a, "pipe")
+        tiny = bench_pipeline("tiny", "grpo_single", a, "pipe_tiny")
+        f = fl["steps"]
+        raw_tps, our_tps = rate(f, "generate_tokens", "seconds_generate"), rate(ours, "generate_tokens", "seconds_rollout")
+        floor_train, our_train = rate(f, "train_tokens", "seconds_train"), rate(ours, "train_tokens", "seconds_train")
+        add("rollout stage / raw vLLM, generated tok/s", our_tps, raw_tps, True, ">= 0.9")
+        add("learner / plain torch, trained tok/s", our_train, floor_train, True, ">= 0.9")
+        add("weight sync share of a step", mean(ours, "seconds_sync") / mean(ours, "seconds_step"),
+            mean(f, "seconds_sync") / mean(f, "seconds_step"), False, "<= 3%")
+        add("grpo_single step / hand-written loop, s", mean(ours, "seconds_step"), mean(f, "seconds_step"),
+            True, "<= 1.1")
+        steps += step_table("grpo_single", fl, ours)
+        notes.append(f"weight sync, rltf_ray: tiny {mean(tiny, 'seconds_sync'):.2f} s, {a.model} "
+                     f"{mean(ours, 'seconds_sync'):.2f} s; hand-written reload_weights {mean(f, 'seconds_sync'):.2f} s")
+    if "two_turn" in parts:
+        fl2 = contender("floor2", a, tmp / "floor2.json")
+        ours2 = bench_pipeline(a.model, "rltf_sd", a, "pipe_sd")
+        f2 = fl2["steps"]
+        add("rltf_sd two-turn step / hand-written loop with a revision turn, s", mean(ours2, "seconds_step"),
+            mean(f2, "seconds_step"), True, "<= 1.15")
+        steps += step_table("rltf_sd (two turns)", fl2, ours2)
+        notes.append(f"generated tokens per two-turn step: hand-written {mean(f2, 'generate_tokens'):.0f}, "
+                     f"rltf_ray {mean(ours2, 'generate_tokens'):.0f}; trained tokens: hand-written "
+                     f"{mean(f2, 'train_tokens'):.0f}, rltf_ray {mean(ours2, 'train_tokens'):.0f}")
+    if "trl" in parts:  # last, so that its failure (its traceback is above) loses no other figure
         try:
             trl = contender("trl", a, tmp / "trl.json")
+            t = mean(trl["steps"], "seconds_step")
+            add("grpo_single step / TRL GRPOTrainer step, s",
+                mean(ours, "seconds_step"), t, True, "<= 0.33 (TRL >= 3x slower)")
+            steps.append(f"| TRL GRPOTrainer (HF generate) | - | - | - | {t:.1f} | {trl['peak_rss_gb']:.1f} (one process) |")
         except subprocess.CalledProcessError as e:
             print(f"TRL's GRPOTrainer failed (exit {e.returncode}); the TRL row is left out of the table")
-    raw_tps = sum(r["generate_tokens"] for r in fl) / sum(r["seconds_generate"] for r in fl)
-    our_tps = sum(r["generate_tokens"] for r in ours) / sum(r["seconds_rollout"] for r in ours)
-    floor_train = sum(r["train_tokens"] for r in fl) / max(sum(r["seconds_train"] for r in fl), 1e-9)
-    our_train = sum(r["train_tokens"] for r in ours) / max(sum(r["seconds_train"] for r in ours), 1e-9)
-    rows = [
-        ("rollout stage / raw vLLM, generated tok/s", our_tps, raw_tps, our_tps / raw_tps, ">= 0.9"),
-        ("learner / plain torch, trained tok/s", our_train, floor_train, our_train / floor_train, ">= 0.9"),
-        ("weight sync share of a step", mean(ours, "seconds_sync") / mean(ours, "seconds_step"),
-         mean(fl, "seconds_sync") / mean(fl, "seconds_step"), None, "<= 3%"),
-        ("grpo_single step / hand-written loop, s", mean(ours, "seconds_step"), mean(fl, "seconds_step"),
-         mean(ours, "seconds_step") / mean(fl, "seconds_step"), "<= 1.1"),
-    ]
-    if trl:
-        t = mean(trl["steps"][1:], "seconds_step")
-        rows.append(("TRL GRPOTrainer step / grpo_single step, s", mean(ours, "seconds_step"), t,
-                     t / mean(ours, "seconds_step"), ">= 3"))
     print(f"\n{a.model}: {a.prompts} prompts x {a.n} samples x {a.tokens} new tokens, {a.steps - 1} steps "
           f"after a warm-up, {os.cpu_count()} cores")
-    print("| measure | rltf_ray | floor | ratio | target |")
-    print("| --- | --- | --- | --- | --- |")
-    for name, ours_v, floor_v, ratio, target in rows:
-        r = f"{ratio:.2f}" if ratio is not None else "-"
-        print(f"| {name} | {ours_v:.3g} | {floor_v:.3g} | {r} | {target} |")
-    print("\n| seconds per step | generate/rollout | train | sync | whole step |")
-    print("| --- | --- | --- | --- | --- |")
-    print(f"| hand-written loop | {mean(fl, 'seconds_generate'):.1f} | {mean(fl, 'seconds_train'):.1f} | "
-          f"{mean(fl, 'seconds_sync'):.2f} | {mean(fl, 'seconds_step'):.1f} |")
-    print(f"| rltf_ray grpo_single | {mean(ours, 'seconds_rollout'):.1f} | {mean(ours, 'seconds_train'):.1f} | "
-          f"{mean(ours, 'seconds_sync'):.2f} | {mean(ours, 'seconds_step'):.1f} |")
-    if trl:
-        print(f"| TRL GRPOTrainer (HF generate) | - | - | - | {mean(trl['steps'][1:], 'seconds_step'):.1f} |")
-    print(f"\nweight sync, rltf_ray: tiny {mean(tiny, 'seconds_sync'):.2f} s, {a.model} "
-          f"{mean(ours, 'seconds_sync'):.2f} s; hand-written reload_weights {mean(fl, 'seconds_sync'):.2f} s")
-    print(f"peak RSS of the hand-written loop (vLLM + torch in one process): {floor['peak_rss_gb']:.1f} GB")
-    if trl:
-        print(f"peak RSS of TRL (HF model, generate and train in one process): {trl['peak_rss_gb']:.1f} GB")
+    print("\n".join(table + [""] + steps + [""] + notes))
     return 0
 
 

@@ -7,29 +7,14 @@ wall time split into engine generation, learner compute, weight sync and the res
 (Ray Data scheduling, Serve calls, hand-off, metrics, parquet)."""
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from rltf_ray.config import load_config  # noqa: E402
-from rltf_ray.runner import run  # noqa: E402
+from common import config_args, run_pipeline
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="pipelines/configs/tiny.yaml")
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("overrides", nargs="*")
-    a = ap.parse_args()
-    out = tempfile.mkdtemp(prefix="rltf_bench_")
-    cfg = load_config(a.config, [f"run.output_dir={out}", f"run.steps={a.steps}",
-                                 "run.eval_before_after=false", *a.overrides])
-    run(cfg)
-    rows = [json.loads(x) for x in Path(out, "metrics.jsonl").read_text().splitlines()]
+    a = config_args(__doc__, steps=4).parse_args()
+    rows = run_pipeline(a.config, [f"run.steps={a.steps}", *a.overrides])
     print(f"\nconfig {a.config} {' '.join(a.overrides)}")
     print("| step | total s | generate s | train s | sync s | machinery s | gen tok/s |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

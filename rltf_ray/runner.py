@@ -337,6 +337,8 @@ class Pipeline:
     def finish(self, launched: dict) -> dict:
         """Wait until the learner has trained a launched step; the step's metrics row, with a
         held-out evaluation every `run.eval_every`."""
+        import ray
+
         run, step, table = self.cfg.run, launched["step"], launched["table"]
         train = self.wait_result(step)
         learned = self.critic_params.critic == "learned"
@@ -345,6 +347,7 @@ class Pipeline:
                "seconds_step": time.perf_counter() - launched["t0"], "finished_at": time.time(),
                "samples_seen": (step + 1) * table.num_rows, "bad_prompt_rows": len(self.source.bad_rows),
                "prompt_ids": list(dict.fromkeys(table.column("prompt_id").to_pylist()))}
+        row["engine_peak_rss_gb"] = max(ray.get([e.peak_rss_gb.remote() for e in self.engines]))
         row["engine_version_lag"] = (row["policy_version"] - int(row.get("actor_trained", True))
                                      - row["policy_version_rollout"])  # 0: strictly on-policy
         if self.evaluates_at(step):

@@ -22,6 +22,8 @@ GAUGES = {
     "critique_failed": "rltf_critique_failed", "loss": "rltf_loss", "critic_version": "rltf_critic_version",
     "critic_reward_mean": "rltf_critic_reward_mean", "logprob_abs_diff_mean": "rltf_logprob_abs_diff_mean",
     "engine_version_lag": "rltf_engine_version_lag", "rows": "rltf_rows_per_step",
+    "train_tokens_per_s": "rltf_train_tokens_per_s", "learner_peak_rss_gb": "rltf_learner_peak_rss_gb",
+    "engine_peak_rss_gb": "rltf_engine_peak_rss_gb",
 }
 PHASES = ("rollout", "train", "sync", "step")
 

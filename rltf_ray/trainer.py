@@ -18,6 +18,7 @@ import time
 
 import ray
 
+from rltf_ray import metrics as M
 from rltf_ray.config import Config, config_from_dict
 from rltf_ray.objectives import (MAX_KEYS, RL_TERMS, SUM_KEYS, TERMS, Example, build_critic_examples,
                                  build_examples, micro_loss, mismatch_sums, sequence_logprobs,
@@ -397,7 +398,8 @@ def train_loop(config: dict) -> None:
             metrics["seconds_sync"] += time.perf_counter() - t1
         metrics["seconds_train"] = time.perf_counter() - t0 - metrics["seconds_sync"]
         metrics["train_tokens_per_s"] = metrics.get("train_tokens", 0) / max(metrics["seconds_train"], 1e-9)
-        metrics.update({"policy_version": actor.version, "actor_trained": "loss" in metrics})
+        metrics.update({"policy_version": actor.version, "actor_trained": "loss" in metrics,
+                        "learner_peak_rss_gb": M.peak_rss_gb()})  # rank 0's worker
         if binac is not None:
             metrics.update({"critic_version": critic.version if critic else 0,
                             "critic_trained": "loss_critic" in metrics})

@@ -128,6 +128,9 @@ def test_losses_finite_and_metrics_keys(run):
         # the trainer (bf16 DeepSpeed) and the sampler (fp32 vLLM) agree closely on the sampled
         # tokens at their sampling temperature (tests/test_sampler_agreement.py: fp32 vs fp32)
         assert 0 < m["logprob_abs_diff_mean"] < 0.05 and m["sampler_trainer_kl"] < 0.01
+        # each process holds at least its model and torch (> 0.2 GiB), and less than the machine
+        assert 0.2 < m["learner_peak_rss_gb"] < 24 and 0.2 < m["engine_peak_rss_gb"] < 24
+        assert m["train_tokens"] > 0 and m["train_tokens_per_s"] > 0
     assert [m["policy_version"] for m in lines] == [1, 2]
 
 
@@ -174,6 +177,7 @@ def test_dashboard_metrics_and_named_actors(run):
     assert gauge(text, "ray_rltf_policy_version", name) == 2 and gauge(text, "ray_rltf_step", name) == 1
     assert gauge(text, "ray_rltf_first_turn_accuracy", name) == pytest.approx(last["first_turn_accuracy"])
     assert gauge(text, "ray_rltf_engine_version_lag", name) == 0  # strictly on-policy
+    assert gauge(text, "ray_rltf_engine_peak_rss_gb", name) == pytest.approx(last["engine_peak_rss_gb"])
     assert 'phase="rollout"' in text and "ray_rltf_step_seconds" in text
     # from inside the replica (a counter may be exported with or without Prometheus' _total)
     critic = [n for n in ("ray_rltf_critic_requests", "ray_rltf_critic_requests_total") if n + "{" in text]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import ray
 
 from rltf_ray.config import EngineConfig
+from rltf_ray.metrics import peak_rss_gb
 
 
 
@@ -76,6 +77,9 @@ class PolicyEngine:
 
     def ready(self) -> int:
         return self.version
+
+    def peak_rss_gb(self) -> float:
+        return peak_rss_gb()
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
                  max_tokens: int) -> dict:

@@ -1,0 +1,97 @@
+"""Where an engine's generation time goes: the same vLLM generation of the same prompts,
+hosted four ways (each mode in a process of its own, one after another).
+
+    .venv/bin/python benchmarks/bench_engine_host.py [--model smollm2] [--steps 3] [--modes main,logprobs,thread,actor]
+
+main      `LLM.generate` in the process's main thread (bench_compare's raw-vLLM floor);
+logprobs  as main, plus the sampled tokens' log-probs under processed_logprobs (what the
+          importance ratio needs, and what rltf_ray's engines ask for);
+thread    as logprobs, called from a worker thread (a threaded Ray actor runs methods so);
+actor     rltf_ray's PolicyEngine as a Ray actor, as the pipeline starts it (no pipeline).
+Prints seconds per step for the same prompts and seeds (bench_compare's first 8 x 4 x 128)."""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench_compare import step_prompts  # noqa: E402
+
+MODES = ("main", "logprobs", "thread", "actor")
+
+
+def one(mode: str, model: str, steps: int) -> list[float]:
+    from rltf_ray.chat import load_tokenizer
+    from rltf_ray.config import EngineConfig
+    from rltf_ray.models import resolve_model
+    from rltf_ray.stages.engine import PolicyEngine, engine_env
+
+    path = resolve_model(model)
+    cfg = EngineConfig(num_engines=1, max_model_len=1024, kv_cache_gib=2)
+    batches = [[p for p, _, _ in b] for b in step_prompts(load_tokenizer(path), steps, 8)]
+    if mode == "actor":
+        import ray
+
+        ray.init(num_cpus=4, include_dashboard=False)
+        engine = ray.remote(PolicyEngine).options(max_concurrency=4, num_cpus=1,
+                                                  runtime_env={"env_vars": engine_env(cfg, False)})
+        e = engine.remote(path, cfg, "float32", 0)
+        ray.get(e.ready.remote())
+        return [ray.get(e.generate.remote(b, 4, 1.0, 1.0, 128))["seconds"] for b in batches]
+    os.environ.update(engine_env(cfg, False))
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kw = {} if mode == "main" else {"logprobs_mode": "processed_logprobs"}
+    llm = LLM(model=path, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0, **kw)
+    sp = SamplingParams(n=4, temperature=1.0, max_tokens=128, logprobs=None if mode == "main" else 0)
+    out = []
+    for b in batches:
+        prompts = [TokensPrompt(prompt_token_ids=p) for p in b]
+        t = time.perf_counter()
+        if mode == "thread":
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(1) as pool:
+                pool.submit(llm.generate, prompts, sp, use_tqdm=False).result()
+        else:
+            llm.generate(prompts, sp, use_tqdm=False)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--only", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.only:
+        print("SECONDS", " ".join(f"{x:.2f}" for x in one(a.only, a.model, a.steps)))
+        return 0
+    modes = a.modes.split(",")
+    if set(modes) - set(MODES):
+        ap.error(f"--modes: choose from {', '.join(MODES)}")
+    print(f"\n{a.model}: 8 prompts x 4 samples x 128 new tokens, {os.cpu_count()} cores")
+    print("| host | seconds per step | mean |\n| --- | --- | --- |")
+    for mode in modes:
+        got = subprocess.run([sys.executable, __file__, "--model", a.model, "--steps", str(a.steps), "--only", mode],
+                             capture_output=True, text=True)
+        line = [x for x in got.stdout.splitlines() if x.startswith("SECONDS")]
+        if got.returncode or not line:
+            print(f"| {mode} | failed (exit {got.returncode}): {got.stderr.strip().splitlines()[-1:]} | - |")
+            continue
+        xs = [float(x) for x in line[0].split()[1:]]
+        print(f"| {mode} | {', '.join(f'{x:.1f}' for x in xs)} | {sum(xs) / len(xs):.1f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

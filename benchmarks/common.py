@@ -1,0 +1,36 @@
+"""What the pipeline benchmarks share: run a config in a fresh process and read its metrics."""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_pipeline(config: str, overrides: list[str], preset: str | None = None, prefix: str = "rltf_bench_",
+                 quiet: bool = False) -> list[dict]:
+    """`pipelines/run.py` in its own process (so every run starts and stops its own Ray, engines
+    and learner) into a fresh folder, without the before/after evaluations; its metrics rows."""
+    out = tempfile.mkdtemp(prefix=prefix)
+    cmd = [sys.executable, str(ROOT / "pipelines/run.py"), "--config", config, f"run.output_dir={out}",
+           "run.eval_before_after=false", "run.tensorboard=false", *overrides]
+    subprocess.run(cmd + (["--preset", preset] if preset else []), cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL if quiet else None)
+    return [json.loads(x) for x in Path(out, "metrics.jsonl").read_text().splitlines()]
+
+
+def mean(rows: list[dict], key: str) -> float:
+    return sum(r[key] for r in rows) / max(len(rows), 1)
+
+
+def config_args(doc: str, steps: int) -> argparse.ArgumentParser:
+    """--config, --steps and key=value overrides, as every pipeline benchmark takes them."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--config", default="pipelines/configs/tiny.yaml")
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("overrides", nargs="*", help="key=value config overrides")
+    return ap
