@@ -115,9 +115,9 @@ GAMMA, LAMBDA_SD, TAU = 0.1, 0.1, -5.0  # rltf_sd's preset values (docs/objectiv
 
 
 def two_turn_examples(batch, outs, outs1, revised, r0, r1) -> list[tuple[list[int], int, float, bool]]:
-    """rltf_sd's sequences (ids, prompt length, advantage, is SD) for one step, zero-advantage
-    ones left out: rl0 with G0 = r0 + gamma*r1, rl1 centred over the group's revised rows,
-    and SD on (x0, y1) with lambda_sd * (r1 - mean r0)."""
+    """rltf_sd's sequences (ids, prompt length, advantage, is SD) for one step: rl0 with
+    G0 = r0 + gamma*r1, rl1 centred over the group's revised rows, and SD on (x0, y1) with
+    lambda_sd * (r1 - mean r0). Zero advantages included: they count in the normaliser."""
     seqs = []
     for i, ((p, _, _), o) in enumerate(zip(batch, outs)):
         mine = [j for j in range(len(o.outputs)) if (i, j) in revised]
