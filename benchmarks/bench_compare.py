@@ -36,14 +36,22 @@ from common import mean, run_pipeline  # noqa: E402
 from rltf_ray.metrics import peak_rss_gb  # noqa: E402
 
 
+DEMO = ROOT / "pipelines/configs/demo.yaml"  # the task, prompts and revision template every contender uses
+
+
+def demo_config(*overrides: str):
+    from rltf_ray.config import load_config
+
+    return load_config(DEMO, list(overrides))
+
+
 def step_rows(steps: int, prompts: int) -> list[list[dict]]:
     """Each step's prompt rows (prompt text, meta), exactly as rltf_ray's source stage yields them."""
-    from rltf_ray.config import load_config
     from rltf_ray.graph import node_params
     from rltf_ray.sources import PromptSource
     from rltf_ray.tasks import get_task
 
-    cfg = load_config(ROOT / "pipelines/configs/demo.yaml", [f"pipeline.prompts.prompts_per_step={prompts}"])
+    cfg = demo_config(f"pipeline.prompts.prompts_per_step={prompts}")
     src = PromptSource(get_task(cfg.task), node_params(cfg.node("source")), steps, cfg.run.seed)
     return [src.rows_for_step(s) for s in range(steps)]
 
@@ -57,18 +65,15 @@ def step_prompts(tok, steps: int, prompts: int) -> list[list[tuple[list[int], di
 
 
 def revision_template() -> str:
-    from rltf_ray.config import load_config
     from rltf_ray.graph import node_params
 
-    return node_params(load_config(ROOT / "pipelines/configs/demo.yaml").node("revise")).template
+    return node_params(demo_config().node("revise")).template
 
 
 def arithmetic():
-    from rltf_ray.config import TaskConfig
     from rltf_ray.tasks import get_task
 
-    return get_task(TaskConfig(name="arithmetic", extraction="last_number", format_weight=0.0,
-                               params={"min_digits": 1, "max_digits": 2, "ops": ["+"]}))
+    return get_task(demo_config().task)
 
 
 def trl_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: str) -> None:
@@ -212,7 +217,7 @@ def floor_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: s
 
 def bench_pipeline(model: str, preset: str, a, out: str) -> list[dict]:
     """rltf_ray on the demo config with the benchmark's sizes; its metrics rows, warm-up dropped."""
-    return run_pipeline("pipelines/configs/demo.yaml", [
+    return run_pipeline(str(DEMO), [
         f"model.path={model}", f"run.steps={a.steps}", f"pipeline.prompts.prompts_per_step={a.prompts}",
         f"pipeline.first_turn.n={a.n}", f"pipeline.first_turn.max_tokens={a.tokens}",
         "pipeline.first_turn.temperature=1.0", f"pipeline.revision.max_tokens={a.tokens}",
