@@ -31,11 +31,12 @@ demo: models
 	$(PY) pipelines/run.py --config pipelines/configs/demo.yaml
 
 # `make test` stays within CI's budget on 2 cores; `make test-all` adds the tests marked slow.
+# tests/suite.py runs each integration module in its own process (why: its docstring).
 test: models-tiny
-	$(PY) -m pytest -q -ra -m "not slow" --durations=25
+	$(PY) tests/suite.py -q -ra -m "not slow" --durations=8
 
 test-all: models-tiny
-	$(PY) -m pytest -q -ra
+	$(PY) tests/suite.py -q -ra --durations=8
 
 test-unit: install
 	$(PY) -m pytest -q -m "not integration"
