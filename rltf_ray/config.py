@@ -53,6 +53,13 @@ class EngineConfig:
     # A dead engine actor is restarted this many times; it loads the latest pushed weights
     # before serving, and Ray retries its interrupted calls (CPU object-store sync only).
     max_restarts: int = 2
+    # KV-cache block size in tokens; None = vLLM's (128 on CPU, 16 on GPU). The prefix cache
+    # shares whole blocks only, so a revision reuses x0 + y0's prefill in steps of this size.
+    block_size: int | None = None
+
+    def __post_init__(self):
+        if self.block_size is not None and (self.block_size < 16 or self.block_size % 16):
+            raise ConfigError(f"engine.block_size: expected a multiple of 16 (or null), got {self.block_size}")
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,7 @@ KINDS: dict[str, NodeKind] = {
                          "reward r0 and critique c0 from the Serve critic"),
     "revise": NodeKind(("prompt", "response", "critique", "revised"),
                        ("revision_prompt_ids", "revision", "revision_ids", "revision_logprobs",
-                        "revised", "context_overflow", *CRITIC_REVISE),
+                        "revision_cached_tokens", "revised", "context_overflow", *CRITIC_REVISE),
                        ReviseParams, "second turn: one revision y1 from x1=[x0,y0,c0]"),
     "reward": NodeKind(("revision", "revised", "meta", "reward_first"),
                        ("reward_second", "correct_second", "format_second", "reward_failed",

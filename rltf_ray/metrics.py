@@ -71,6 +71,10 @@ def rollout_metrics(table: pa.Table, run: RunConfig = RunConfig(), binac=None) -
         "policy_version_rollout": int(min(c["policy_version"])),
         "rows_per_engine": {str(e): c["engine"].count(e) for e in sorted(set(c["engine"]))},
     }
+    prompt_tokens = sum(len(x) for x in per_round("revision_prompt_ids"))
+    out["revision_prompt_tokens"] = prompt_tokens  # the revisions' prefill, and the share of it
+    out["revision_cached_fraction"] = (sum(per_round("revision_cached_tokens")) / prompt_tokens
+                                       if prompt_tokens else None)  # vLLM's prefix cache served
     for k in range(2, rounds + 1):  # turn k = after critique round k
         out[f"turn_{k}_accuracy"] = _mean(c[round_col("correct_second", k)])
         out[f"revised_rows_{k}"] = int(sum(c[round_col("revised", k)]))

@@ -35,6 +35,7 @@ def test_defaults_and_overrides():
     ("pipeline.first_turn.n=many", r"pipeline node 'first_turn' params.n: expected int"),
     ("pipeline.nowhere.n=3", "no pipeline node named 'nowhere'"),
     ("trainer", "expected key=value"),
+    ("engine.block_size=24", r"engine.block_size: expected a multiple of 16"),
 ])
 def test_bad_overrides_name_the_key(override, match):
     with pytest.raises(ConfigError, match=match):

@@ -58,7 +58,7 @@ def run(tmp_path_factory, tiny_path):
     cfg = load_config("pipelines/configs/tiny.yaml",
                       [f"run.output_dir={out}", "run.steps=2", f"run.serve_http_port={PORT}",
                        "run.checkpoint_every=1", "loss.lambda_fm=0.1", f"run.metrics_export_port={METRICS}",
-                       "run.eval_every=1", "eval.feedback_rounds=1"])
+                       "run.eval_every=1", "eval.feedback_rounds=1", "engine.block_size=32"])
     p = Pipeline(cfg)
     p.start()
     try:
@@ -113,6 +113,15 @@ def test_every_row_passes_every_stage(run):
         assert all(len(r["response_logprobs"]) == len(r["response_ids"]) for r in rows)
         assert all(len(r["revision_ids"]) > 0 for r in rows if r["revised"])
         assert len({(r["prompt_id"], r["sample_idx"]) for r in rows}) == n
+        # x1 starts with x0 + y0, which the first turn just computed: vLLM's prefix cache
+        # serves whole 32-token blocks of it (engine.block_size below; at vLLM's CPU default
+        # of 128 these short prompts share none), and the metric is the served share
+        prompt, cached = (sum(len(r["revision_prompt_ids"]) for r in rows),
+                          sum(r["revision_cached_tokens"] for r in rows))
+        assert all(r["revision_cached_tokens"] <= len(r["revision_prompt_ids"]) for r in rows)
+        m = json.loads((run["out"] / "metrics.jsonl").read_text().splitlines()[step])
+        assert m["revision_prompt_tokens"] == prompt and 0 < cached
+        assert m["revision_cached_fraction"] == pytest.approx(cached / prompt)
 
 
 def test_losses_finite_and_metrics_keys(run):

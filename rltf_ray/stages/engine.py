@@ -58,6 +58,8 @@ class PolicyEngine:
         kwargs = dict(model=model_path, dtype=dtype, enforce_eager=cfg.enforce_eager,
                       max_model_len=cfg.max_model_len, seed=seed,
                       logprobs_mode="processed_logprobs")
+        if cfg.block_size:
+            kwargs["block_size"] = cfg.block_size
         if use_gpu:
             kwargs["worker_extension_cls"] = "rltf_ray.weight_sync.nccl.EngineWorkerExtension"
             kwargs["gpu_memory_utilization"] = 0.5
@@ -83,7 +85,8 @@ class PolicyEngine:
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
                  max_tokens: int) -> dict:
-        """Sample `n` completions per token-id prompt; returns outputs, version and timings.
+        """Sample `n` completions per token-id prompt; returns outputs, version, timings and,
+        per prompt, how many of its tokens vLLM's prefix cache served (`cached`).
 
         No per-request seed: on the CPU backend a seeded request whose prefill is chunked
         crashes vLLM 0.32 ("CPU Generator does not use offset"); the engine seed is set once."""
@@ -107,7 +110,8 @@ class PolicyEngine:
                 group.append(GenOut(c.text, ids, lps, c.finish_reason or "unknown"))
                 tokens += len(ids)
             result.append(group)
-        return {"outputs": result, "version": version, "seconds": seconds, "tokens": tokens}
+        return {"outputs": result, "version": version, "seconds": seconds, "tokens": tokens,
+                "cached": [o.num_cached_tokens or 0 for o in outs]}
 
     def sequence_logprobs(self, prompt: list[int], target: list[int]) -> list[float]:
         """log pi(target_t | prompt, target_<t) under the engine's current weights."""
@@ -121,10 +125,12 @@ class PolicyEngine:
         plp = out.prompt_logprobs[len(prompt):]
         return [d[t].logprob for d, t in zip(plp, target)]
 
-    def load_weights(self, named_tensors: list, version: int) -> int:
-        """CPU path: reload from (name, tensor) pairs that came through the object store."""
+    def load_weights(self, payload: list, version: int) -> int:
+        """CPU path: reload from weights that came through the object store (`pack`ed)."""
+        from rltf_ray.weight_sync.object_store import unpack
+
         with self.lock:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": unpack(payload)})
             self.llm.reset_prefix_cache()  # old-weight KV blocks would otherwise be reused
             self.version = version
         return version

@@ -22,11 +22,13 @@ def _call(engines: list, prompts: list[list[int]], node: str, **kw) -> dict:
     except ray.exceptions.RayActorError as e:
         raise StageError(f"node '{node}': a vLLM engine actor died ({e}); see its log in the Ray "
                          "dashboard, and continue with `pipelines/run.py --resume`") from e
-    outputs, engine_of = [], []
+    outputs, engine_of, cached = [], [], []
     for (i, idx), res in zip(calls, got):
         outputs += res["outputs"]
         engine_of += [i] * len(idx)
-    return {"outputs": outputs, "engine": engine_of, "version": min((r["version"] for r in got), default=-1),
+        cached += res["cached"]
+    return {"outputs": outputs, "engine": engine_of, "cached": cached,
+            "version": min((r["version"] for r in got), default=-1),
             "seconds": max((r["seconds"] for r in got), default=0.0)}
 
 
@@ -80,11 +82,12 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
         overflow = {i for i in asked if len(built[i]) + p.max_tokens > max_model_len}
         todo = [i for i in asked if i not in overflow]
         prompts = [built[i] for i in todo]
-        res = {"outputs": [], "version": -1, "seconds": 0.0}
+        res = {"outputs": [], "version": -1, "seconds": 0.0, "cached": []}
         if todo:
             res = _call(engines, prompts, node, n=1, temperature=p.temperature,
                         top_p=p.top_p, max_tokens=p.max_tokens)
         done = {i: (ids, group[0]) for i, ids, group in zip(todo, prompts, res["outputs"])}
+        cached = dict(zip(todo, res["cached"]))
         extra, extra_tokens, extra_s = (for_critic(rows, done, tok) if k == 1 else ({}, {}, 0.0))
         out = []
         for i, r in enumerate(rows):
@@ -95,6 +98,8 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
                         col("revision_ids"): g.token_ids if g else [],
                         col("revision_logprobs"): g.logprobs if g else [],
                         col("revision_version"): res["version"] if g else -1,
+                        # x_k's prefix x0 + y0 (+ ...) was just computed: the prefill it saved
+                        col("revision_cached_tokens"): cached.get(i, 0),
                         "gen_tokens": r["gen_tokens"] + (len(g.token_ids) if g else 0) + extra_tokens.get(i, 0),
                         "gen_seconds": r["gen_seconds"] + (res["seconds"] + extra_s) / max(len(rows), 1)})
             if k == 1:

@@ -1,0 +1,31 @@
+"""The object-store weight payload: exact round trips, and bytes that travel out of band."""
+import pickle
+
+import pytest
+import torch
+
+from rltf_ray.weight_sync.object_store import pack, unpack
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pack_unpack_round_trip_is_bit_exact(dtype):
+    torch.manual_seed(0)
+    named = [("a.weight", torch.randn(3, 5)), ("b.bias", torch.randn(7))]
+    out = unpack(pack(named, dtype))
+    assert [n for n, _ in out] == ["a.weight", "b.bias"]
+    for (_, src), (_, got) in zip(named, out):
+        assert got.dtype == dtype and got.shape == src.shape
+        assert torch.equal(got, src.to(dtype))
+
+
+def test_views_of_a_flat_buffer_travel_out_of_band_with_only_their_own_bytes():
+    """DeepSpeed's parameters are views into one flat buffer: each must carry its own
+    elements only, outside the pickle stream (which Ray writes into the object store once)."""
+    flat = torch.arange(1000, dtype=torch.float32)
+    named = [("w", flat[:100].view(10, 10)), ("b", flat[500:510])]
+    buffers = []
+    stream = pickle.dumps(pack(named, torch.float32), protocol=5, buffer_callback=buffers.append)
+    assert len(stream) < 1000  # names and metadata only
+    assert sorted(b.raw().nbytes for b in buffers) == [40, 400]
+    got = dict(unpack(pickle.loads(stream, buffers=buffers)))
+    assert torch.equal(got["w"], flat[:100].view(10, 10)) and torch.equal(got["b"], flat[500:510])
