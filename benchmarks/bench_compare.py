@@ -1,6 +1,7 @@
 """rltf_ray against its floors, on the same prompts, in one run (`make bench-compare`).
 
     .venv/bin/python benchmarks/bench_compare.py [--model smollm2] [--steps 4] [--prompts 8] [--n 4] [--tokens 128]
+        [key=value ...]   (overrides for rltf_ray's runs, e.g. trainer.num_workers=1)
 
 1. raw vLLM: one in-process `LLM.generate` of a step's prompts (no Ray) -> generated tokens/s;
 2. a hand-written loop: that vLLM in process, the task's verifier, GRPO advantages, a plain
@@ -221,7 +222,7 @@ def bench_pipeline(model: str, preset: str, a, out: str) -> list[dict]:
         f"model.path={model}", f"run.steps={a.steps}", f"pipeline.prompts.prompts_per_step={a.prompts}",
         f"pipeline.first_turn.n={a.n}", f"pipeline.first_turn.max_tokens={a.tokens}",
         "pipeline.first_turn.temperature=1.0", f"pipeline.revision.max_tokens={a.tokens}",
-        "pipeline.revision.temperature=1.0"], preset=preset, prefix=f"rltf_bench_{out}_", quiet=True)[1:]
+        "pipeline.revision.temperature=1.0", *a.overrides], preset=preset, prefix=f"rltf_bench_{out}_", quiet=True)[1:]
 
 
 def contender(which: str, a, out: Path) -> dict:
@@ -257,6 +258,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--parts", default="single,two_turn,trl",
                     help="comma list of single (grpo_single), two_turn (rltf_sd), trl")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides for rltf_ray's runs")
     ap.add_argument("--only", nargs=2, metavar=("WHICH", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.only:
@@ -319,7 +321,7 @@ def main() -> int:
         except subprocess.CalledProcessError as e:
             print(f"TRL's GRPOTrainer failed (exit {e.returncode}); the TRL row is left out of the table")
     print(f"\n{a.model}: {a.prompts} prompts x {a.n} samples x {a.tokens} new tokens, {a.steps - 1} steps "
-          f"after a warm-up, {os.cpu_count()} cores")
+          f"after a warm-up, {os.cpu_count()} cores; rltf_ray overrides: {' '.join(a.overrides) or 'none'}")
     print("\n".join(table + [""] + steps + [""] + notes))
     return 0
 
