@@ -39,9 +39,11 @@ class ObjectStoreSync(WeightSync):
 
 def pack(named_tensors, dtype: torch.dtype) -> list[tuple[str, str, np.ndarray]]:
     """(name, torch dtype, array) triples for `ray.put`. A torch tensor pickles its bytes in
-    band (through torch.save: about 1 s each way for SmolLM2's 0.5 GB, measured); a numpy
-    array goes out of band, written once into the object store and read there without a
-    copy. numpy has no bfloat16, so 16-bit weights travel as int16 bit patterns."""
+    band (through torch.save: 1.5 s out and 0.7 s back for SmolLM2's 0.65 GB,
+    benchmarks/bench_weight_payload.py); a numpy array goes out of band, written once into
+    the object store and read there without a copy, and a view (DeepSpeed's parameters are
+    views into one flat buffer) carries only its own bytes. numpy has no bfloat16, so
+    16-bit weights travel as int16 bit patterns."""
     out = []
     for name, t in named_tensors:
         t = t.detach().to(device="cpu", dtype=dtype).contiguous()
