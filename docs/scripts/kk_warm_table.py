@@ -45,5 +45,5 @@ for base in ("grpo_single", "grpo_multi"):
         if p != base and seeds:
             d = [curves[p][s][2] - curves[base][s][2] for s in seeds]
             m, se = mean_se(d)
-            print(f"{p} − {base}, paired by seed: {', '.join(f'{x:+.3f}' for x in d)}; mean {m:+.3f}, "
-                  f"SE {se:.3f} ({len(d)} seeds)")
+            spread = f"SE {se:.3f} ({len(d)} seeds)" if len(d) > 1 else "one seed, no SE"
+            print(f"{p} − {base}, paired by seed: {', '.join(f'{x:+.3f}' for x in d)}; mean {m:+.3f}, {spread}")
