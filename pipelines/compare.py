@@ -9,6 +9,7 @@ same number of first-turn samples (prompts_per_step x n x steps), and every run 
 the same held-out problems. Outputs under `results/NAME/`: `runs/<preset>_s<seed>/` (each
 run's own output folder), `runs.jsonl` (every number), `table.md` and `curves.png`.
 A finished run (its summary.json exists) is not run again, so a stopped comparison resumes.
+A finished local run's resume state (`ray_train/`) is deleted unless --keep-resume-state.
 
 Locally the runs go one after another, each as its own `pipelines/run.py` process (a fresh
 in-process Ray). With `--cluster ADDRESS` (or RAY_ADDRESS set) each run is submitted as a
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -46,6 +48,12 @@ def run_local(args, preset: str, seed: int, out: Path) -> None:
         tail = log.read_text()[-2000:]
         raise SystemExit(f"[compare] {preset} seed {seed} failed (exit {rc}); end of {log}:\n{tail}")
     print(f"[compare] {preset} seed {seed}: done in {time.perf_counter() - t:.0f}s", flush=True)
+    resume_state = out / "ray_train"
+    if not args.keep_resume_state and resume_state.is_dir():
+        # A finished run needs no resume state, and it is the bulk of a run's disk (2.1 GB of
+        # DeepSpeed optimizer state for SmolLM2): fifteen runs of it filled this machine's disk.
+        # The trained model stays in checkpoints/.
+        shutil.rmtree(resume_state)
 
 
 def run_cluster(args, todo: list[tuple[str, int, Path]], address: str) -> None:
@@ -80,6 +88,8 @@ def main(argv=None) -> int:
     ap.add_argument("--name", required=True, help="results/NAME/")
     ap.add_argument("--results", default=str(ROOT / "results"))
     ap.add_argument("--cluster", help="Ray address to submit the runs to as jobs (else RAY_ADDRESS)")
+    ap.add_argument("--keep-resume-state", action="store_true",
+                    help="keep each finished run's ray_train/ folder (DeepSpeed state), deleted by default")
     ap.add_argument("overrides", nargs="*", help="key=value overrides for every run")
     args = ap.parse_args(argv)
     presets = [p for p in args.presets.split(",") if p]

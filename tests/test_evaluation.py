@@ -83,6 +83,8 @@ def test_compare_runner_equal_prompts_table_picture_and_restart(tmp_path, tiny_p
     assert ids[("rltf_sd", 0)] != ids[("rltf_sd", 1)]  # another seed, another stream
     table = (root / "table.md").read_text()
     assert "| grpo_single | 2 |" in table and "| rltf_sd | 2 |" in table
+    finished = root / "runs" / "rltf_sd_s1"
+    assert (finished / "summary.json").is_file() and not (finished / "ray_train").exists()
     capsys.readouterr()
     assert compare.main(argv) == 0  # restart: nothing is run again
     assert "4 runs, 4 already finished" in capsys.readouterr().out
