@@ -257,6 +257,8 @@ class RunConfig:
     # Ray Train restarts crashed training workers from the last checkpoint this many times.
     max_failures: int = 0
     keep_checkpoints: int = 2  # Ray Train checkpoints kept (CheckpointConfig.num_to_keep)
+    # Fail before anything starts when the checkpoints will not fit on disk (rltf_ray/disk.py).
+    check_disk: bool = True
     # Where Ray Train persists checkpoints: a path or a pyarrow URI (s3://...). On a
     # multi-node cluster it must be storage every node sees. None = <output_dir>/ray_train.
     storage_path: str | None = None

@@ -15,6 +15,7 @@ import yaml
 
 from rltf_ray import metrics as M
 from rltf_ray.config import Config, ConfigError
+from rltf_ray.disk import check_disk
 from rltf_ray.graph import node_params, node_round, validate
 from rltf_ray.models import resolve_dtype, resolve_model
 from rltf_ray.sources import PromptSource
@@ -94,6 +95,7 @@ class Pipeline:
         from rltf_ray.broker import StepBroker
 
         if train:
+            check_disk(self.cfg, self._trained_models(), self.storage, self.out)
             (self.out / "rollouts").mkdir(parents=True, exist_ok=True)
             self.source.write_bad_rows(self.out)
             if self.source.bad_rows:
@@ -148,6 +150,12 @@ class Pipeline:
         self.fit_error: BaseException | None = None
         self.fit_thread = threading.Thread(target=self._fit, daemon=True)
         self.fit_thread.start()
+
+    def _trained_models(self) -> list[str]:
+        """The models whose checkpoints this run writes: the actor, and a critic that trains."""
+        learned = node_params(self.cfg.node("critique")).critic == "learned" and self.cfg.binac.critic_steps > 0
+        return [self.model_path] + ([resolve_model(self.cfg.binac.critic_model or self.cfg.model.path)]
+                                    if learned else [])
 
     @property
     def storage(self) -> str:
