@@ -60,6 +60,8 @@ class Pipeline:
         self.cfg = cfg
         self.order = validate(cfg)
         self.model_path = resolve_model(cfg.model.path)
+        learned = node_params(cfg.node("critique")).critic == "learned"
+        self.critic_model = resolve_model(cfg.binac.critic_model or cfg.model.path) if learned else None
         self.task = get_task(cfg.task)
         self.source = PromptSource(self.task, node_params(cfg.node("source")), cfg.run.steps, cfg.run.seed,
                                    self._prompt_fits())
@@ -115,7 +117,6 @@ class Pipeline:
             from rltf_ray.stages.engine import start_engines
 
             b = self.cfg.binac
-            self.critic_model = resolve_model(b.critic_model or self.cfg.model.path)
             name = f"rltf/critic-engine-{self.run_id}"
             t = time.perf_counter()
             ecfg = dataclasses.replace(self.cfg.engine, num_engines=b.num_engines, resources=crit.resources)
@@ -153,9 +154,8 @@ class Pipeline:
 
     def _trained_models(self) -> list[str]:
         """The models whose checkpoints this run writes: the actor, and a critic that trains."""
-        learned = node_params(self.cfg.node("critique")).critic == "learned" and self.cfg.binac.critic_steps > 0
-        return [self.model_path] + ([resolve_model(self.cfg.binac.critic_model or self.cfg.model.path)]
-                                    if learned else [])
+        trains = self.critic_model is not None and self.cfg.binac.critic_steps > 0
+        return [self.model_path] + ([self.critic_model] if trains else [])
 
     @property
     def storage(self) -> str:
@@ -190,7 +190,7 @@ class Pipeline:
                 train_loop_config={"cfg": self.cfg.to_dict(), "model_path": self.model_path,
                                    "engines": self.engines, "broker_name": self.broker_name,
                                    "critic_engines": self.critic_engines,
-                                   "critic_model_path": getattr(self, "critic_model", None),
+                                   "critic_model_path": self.critic_model,
                                    "engine_dtype": self.dtype,
                                    "output_dir": str(self.out)},
                 scaling_config=ScalingConfig(num_workers=self.cfg.trainer.num_workers,

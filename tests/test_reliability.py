@@ -78,68 +78,44 @@ def test_a_killed_driver_resumes_from_its_last_checkpoint(tmp_path, tiny_path):
     assert summary["engine_versions"] == [4]
 
 
-def test_a_killed_training_worker_is_restarted_from_the_checkpoint(tmp_path, tiny_path):
+def test_a_killed_training_worker_then_a_killed_engine_are_restarted(tmp_path, tiny_path):
+    """One run, two failures (one pipeline start instead of two). SIGKILL a Ray Train worker
+    after step 1: FailureConfig restarts the worker group from the last checkpoint. Then,
+    after the restarted group has pushed version 3, SIGKILL the vLLM engine: Ray restarts it,
+    it loads the latest pushed weights before serving, the interrupted calls are retried, and
+    every later step's rollouts still come from that step's policy version."""
     import ray
     from ray.util.state import list_actors
 
     from rltf_ray.runner import Pipeline
 
     cfg = load_config("pipelines/configs/tiny.yaml",
-                      [f"run.output_dir={tmp_path}", "run.steps=3", "run.checkpoint_every=1",
+                      [f"run.output_dir={tmp_path}", "run.steps=4", "run.checkpoint_every=1",
                        "run.max_failures=1", "run.eval_before_after=false", "run.serve_http_port=8182"])
     pipe = Pipeline(cfg)
-    killed = []
+    killed: dict[str, int] = {}
 
-    def kill_a_worker():
-        wait_for_lines(tmp_path / "metrics.jsonl", 1, 600)
+    def kill(what: str, after_lines: int, pick) -> None:
+        wait_for_lines(tmp_path / "metrics.jsonl", after_lines, 600)
         alive = list_actors(address=ray.get_runtime_context().gcs_address, filters=[("state", "=", "ALIVE")])
-        workers = [a for a in alive if "TrainWorker" in (a.class_name or "")]
-        killed.append(workers[-1].pid)
-        os.kill(workers[-1].pid, signal.SIGKILL)
+        killed[what] = pick(alive).pid
+        os.kill(killed[what], signal.SIGKILL)
+
+    def kill_both() -> None:
+        kill("worker", 1, lambda alive: [a for a in alive if "TrainWorker" in (a.class_name or "")][-1])
+        kill("engine", 3, lambda alive: [a for a in alive if (a.name or "").startswith("rltf/engine-")][0])
 
     pipe.start()
     try:
-        t = threading.Thread(target=kill_a_worker, daemon=True)
+        t = threading.Thread(target=kill_both, daemon=True)
         t.start()
         summary = pipe.train()
         stats = ray.get(pipe.broker.stats.remote())
-    finally:
-        pipe.stop()
-    assert killed and stats["restarts"] == 1  # the worker group was restarted once
-    check_run(tmp_path, cfg, 3)
-    assert summary["engine_versions"] == [3]
-
-
-def test_a_killed_engine_is_restarted_with_the_current_weights(tmp_path, tiny_path):
-    """SIGKILL the vLLM engine after the first weight push: Ray restarts it, it loads the
-    latest pushed weights before serving, the interrupted calls are retried, and every later
-    step's rollouts still come from that step's policy version."""
-    import ray
-    from ray.util.state import list_actors
-
-    from rltf_ray.runner import Pipeline
-
-    cfg = load_config("pipelines/configs/tiny.yaml",
-                      [f"run.output_dir={tmp_path}", "run.steps=3", "run.eval_before_after=false",
-                       "run.serve_http_port=8183", "trainer.num_workers=1"])
-    pipe = Pipeline(cfg)
-    killed = []
-
-    def kill_the_engine():
-        wait_for_lines(tmp_path / "metrics.jsonl", 1, 600)  # version 1 is pushed
-        alive = list_actors(address=ray.get_runtime_context().gcs_address, filters=[("state", "=", "ALIVE")])
-        engine = [a for a in alive if (a.name or "").startswith("rltf/engine-")][0]
-        killed.append(engine.pid)
-        os.kill(engine.pid, signal.SIGKILL)
-
-    pipe.start()
-    try:
-        t = threading.Thread(target=kill_the_engine, daemon=True)
-        t.start()
-        summary = pipe.train()
         pid_after = ray.get(pipe.engines[0].__ray_call__.remote(lambda self: os.getpid()))
     finally:
         pipe.stop()
-    assert killed and pid_after != killed[0]  # a new engine process served the rest of the run
-    check_run(tmp_path, cfg, 3)  # step k's rollouts came from version k: never the base model
-    assert summary["engine_versions"] == [3]
+    assert set(killed) == {"worker", "engine"}
+    assert stats["restarts"] == 1  # the worker group was restarted once
+    assert pid_after != killed["engine"]  # a new engine process served the rest of the run
+    check_run(tmp_path, cfg, 4)  # step k's rollouts came from version k: never the base model
+    assert summary["engine_versions"] == [4]

@@ -1,0 +1,48 @@
+"""LoRA against full fine-tuning: the same `grpo_single` steps as `make bench-compare`
+(demo task, the same prompts and seeds), once training every weight and once only rank-r
+adapters on every projection (the paper trained rank-32 LoRA).
+
+    .venv/bin/python benchmarks/bench_lora.py [--model smollm2] [--steps 3] [--rank 32] [key=value ...]
+
+Prints seconds per step (split), trained tokens/s and peak resident memory of the learner
+(rank 0) and the engine; the first step is a warm-up and is not counted. Under LoRA the
+merged weights (base + B @ A) are synced, so the sync moves as many bytes as full training.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bench_compare import bench_pipeline, rate
+from common import mean
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rank", type=int, default=32)
+    ap.add_argument("overrides", nargs="*", help="key=value overrides for both runs")
+    a = ap.parse_args()
+    if a.steps < 2:
+        ap.error("--steps must be at least 2: the first step is a warm-up and is not counted")
+    full = bench_pipeline(a.model, "grpo_single", a, "full")
+    a.overrides = [*a.overrides, f"trainer.lora={{rank: {a.rank}, alpha: {2 * a.rank}}}"]
+    lora = bench_pipeline(a.model, "grpo_single", a, "lora")
+    print(f"\n{a.model}: grpo_single, {a.prompts} prompts x {a.n} samples x {a.tokens} new tokens, "
+          f"{a.steps - 1} steps after a warm-up; overrides: {' '.join(a.overrides)}")
+    print("| training | s / step | rollout s | train s | sync s | trained tok/s | learner peak RSS GB "
+          "| engine peak RSS GB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, rows in (("full", full), (f"LoRA rank {a.rank}", lora)):
+        print(f"| {name} | {mean(rows, 'seconds_step'):.1f} | {mean(rows, 'seconds_rollout'):.1f} | "
+              f"{mean(rows, 'seconds_train'):.1f} | {mean(rows, 'seconds_sync'):.2f} | {rate(rows, 'train_tokens', 'seconds_train'):.1f} | "
+              f"{max(r['learner_peak_rss_gb'] for r in rows):.2f} | {max(r['engine_peak_rss_gb'] for r in rows):.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
