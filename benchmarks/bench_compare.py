@@ -216,6 +216,25 @@ def floor_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: s
     Path(out).write_text(json.dumps({"steps": rows, "peak_rss_gb": peak_rss_gb()}))
 
 
+def sized_parser(doc: str, steps: int) -> argparse.ArgumentParser:
+    """--model, the step sizes and key=value overrides, as every run on these prompts takes them."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("overrides", nargs="*", help="key=value overrides for rltf_ray's runs")
+    return ap
+
+
+def parse_sized(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    a = ap.parse_args()
+    if a.steps < 2:
+        ap.error("--steps must be at least 2: the first step is a warm-up and is not counted")
+    return a
+
+
 def bench_pipeline(model: str, preset: str, a, out: str) -> list[dict]:
     """rltf_ray on the demo config with the benchmark's sizes; its metrics rows, warm-up dropped."""
     return run_pipeline(str(DEMO), [
@@ -250,17 +269,11 @@ def step_table(label: str, fl: dict, ours: list[dict]) -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--n", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=128)
+    ap = sized_parser(__doc__, steps=4)
     ap.add_argument("--parts", default="single,two_turn,trl",
                     help="comma list of single (grpo_single), two_turn (rltf_sd), trl")
-    ap.add_argument("overrides", nargs="*", help="key=value overrides for rltf_ray's runs")
     ap.add_argument("--only", nargs=2, metavar=("WHICH", "OUT"), help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = parse_sized(ap)
     if a.only:
         run = {"floor": floor_loop, "trl": trl_loop,
                "floor2": lambda *x: floor_loop(*x, two_turn=True)}[a.only[0]]
@@ -271,8 +284,6 @@ def main() -> int:
         ap.error(f"--parts: choose from single, two_turn, trl (got {a.parts!r})")
     if "trl" in parts and "single" not in parts:
         ap.error("--parts: trl is compared with the grpo_single step, so it needs single too")
-    if a.steps < 2:
-        ap.error("--steps must be at least 2: the first step is a warm-up and is not counted")
     tmp = Path(tempfile.mkdtemp(prefix="rltf_bench_compare_"))
     print(f"the hand-written loops and TRL write their figures to {tmp}", flush=True)
     table = ["| measure | rltf_ray | floor | ratio | target |", "| --- | --- | --- | --- | --- |"]

@@ -10,25 +10,16 @@ merged weights (base + B @ A) are synced, so the sync moves as many bytes as ful
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
-from bench_compare import bench_pipeline, rate
+from bench_compare import bench_pipeline, parse_sized, rate, sized_parser
 from common import mean
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--n", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=128)
+    ap = sized_parser(__doc__, steps=3)
     ap.add_argument("--rank", type=int, default=32)
-    ap.add_argument("overrides", nargs="*", help="key=value overrides for both runs")
-    a = ap.parse_args()
-    if a.steps < 2:
-        ap.error("--steps must be at least 2: the first step is a warm-up and is not counted")
+    a = parse_sized(ap)
     full = bench_pipeline(a.model, "grpo_single", a, "full")
     a.overrides = [*a.overrides, f"trainer.lora={{rank: {a.rank}, alpha: {2 * a.rank}}}"]
     lora = bench_pipeline(a.model, "grpo_single", a, "lora")
