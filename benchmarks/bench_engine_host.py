@@ -8,7 +8,12 @@ logprobs  as main, plus the sampled tokens' log-probs under processed_logprobs (
           importance ratio needs, and what rltf_ray's engines ask for);
 thread    as logprobs, called from a worker thread (a threaded Ray actor runs methods so);
 actor     rltf_ray's PolicyEngine as a Ray actor, as the pipeline starts it (no pipeline).
-Prints seconds per step for the same prompts and seeds (bench_compare's first 8 x 4 x 128)."""
+Prints seconds per step for the same prompts and seeds (bench_compare's first 8 x 4 x 128).
+
+--background runs each mode again beside a synthetic load of that many cores' worth of CPU,
+spread over 8 processes that each wake every 20 ms (Ray's daemons and idle actors look like
+that: many small wake-ups, 35-40% of a core in all, docs/benchmarks.md session 10), to tell
+how much such a load costs an engine whose OpenMP threads wait for each other."""
 from __future__ import annotations
 
 import argparse
@@ -66,11 +71,30 @@ def one(mode: str, model: str, steps: int) -> list[float]:
     return out
 
 
+def _spin(share: float, period: float = 0.02) -> None:
+    busy = share * period
+    while True:
+        t = time.perf_counter()
+        while time.perf_counter() - t < busy:
+            pass
+        time.sleep(period - busy)
+
+
+def background(total: float, procs: int = 8) -> list:
+    import multiprocessing as mp
+
+    out = [mp.Process(target=_spin, args=(total / procs,), daemon=True) for _ in range(procs if total > 0 else 0)]
+    for p in out:
+        p.start()
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--background", default="0", help="comma-separated synthetic loads, in cores")
     ap.add_argument("--only", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.only:
@@ -80,16 +104,22 @@ def main() -> int:
     if set(modes) - set(MODES):
         ap.error(f"--modes: choose from {', '.join(MODES)}")
     print(f"\n{a.model}: 8 prompts x 4 samples x 128 new tokens, {os.cpu_count()} cores")
-    print("| host | seconds per step | mean |\n| --- | --- | --- |")
-    for mode in modes:
-        got = subprocess.run([sys.executable, __file__, "--model", a.model, "--steps", str(a.steps), "--only", mode],
-                             capture_output=True, text=True)
-        line = [x for x in got.stdout.splitlines() if x.startswith("SECONDS")]
-        if got.returncode or not line:
-            print(f"| {mode} | failed (exit {got.returncode}): {got.stderr.strip().splitlines()[-1:]} | - |")
-            continue
-        xs = [float(x) for x in line[0].split()[1:]]
-        print(f"| {mode} | {', '.join(f'{x:.1f}' for x in xs)} | {sum(xs) / len(xs):.1f} |", flush=True)
+    print("| host | background load, cores | seconds per step | mean |\n| --- | --- | --- | --- |")
+    for load in [float(x) for x in a.background.split(",")]:
+        for mode in modes:
+            spinners = background(load)
+            try:
+                got = subprocess.run([sys.executable, __file__, "--model", a.model, "--steps", str(a.steps),
+                                      "--only", mode], capture_output=True, text=True)
+            finally:
+                for p in spinners:
+                    p.kill()
+            line = [x for x in got.stdout.splitlines() if x.startswith("SECONDS")]
+            if got.returncode or not line:
+                print(f"| {mode} | {load} | failed (exit {got.returncode}): {got.stderr.strip().splitlines()[-1:]} | - |")
+                continue
+            xs = [float(x) for x in line[0].split()[1:]]
+            print(f"| {mode} | {load} | {', '.join(f'{x:.1f}' for x in xs)} | {sum(xs) / len(xs):.1f} |", flush=True)
     return 0
 
 

@@ -56,10 +56,18 @@ class EngineConfig:
     # KV-cache block size in tokens; None = vLLM's (128 on CPU, 16 on GPU). The prefix cache
     # shares whole blocks only, so a revision reuses x0 + y0's prefill in steps of this size.
     block_size: int | None = None
+    # Unix niceness of the engine processes; None = the Ray's worker niceness (15 by default,
+    # below Ray's daemons at 0; an embedded Ray runs its workers at 0). On a CPU node a
+    # generating engine is the step's critical path, and at 15 its OpenMP threads queue
+    # behind every wake-up of a daemon (docs/benchmarks.md, session 11). 0..19: a lower
+    # value needs privileges.
+    nice: int | None = 0
 
     def __post_init__(self):
         if self.block_size is not None and (self.block_size < 16 or self.block_size % 16):
             raise ConfigError(f"engine.block_size: expected a multiple of 16 (or null), got {self.block_size}")
+        if self.nice is not None and not 0 <= self.nice <= 19:
+            raise ConfigError(f"engine.nice: expected 0..19 (or null for Ray's default), got {self.nice}")
 
 
 @dataclass(frozen=True)

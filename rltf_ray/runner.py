@@ -29,6 +29,27 @@ def _log(msg: str) -> None:
     print(f"[rltf] {msg}", flush=True)
 
 
+# Settings for a Ray started in-process (the test suite's Ray takes them too); an environment
+# variable already set wins.
+EMBEDDED_RAY_ENV = {
+    # On a small, saturated machine Serve's HTTP proxy can take longer than its default 10 s
+    # health-check and 5 s readiness timeouts to answer (or to start), and is then killed;
+    # give it a minute.
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+    # The controller reconciles every 0.1 s by default: 4% of a core while a run is idle, and
+    # an engine whose two OpenMP threads share two cores with such a load slows by far more
+    # than its share (docs/benchmarks.md, session 11). Once a second is enough for one critic
+    # app, whose autoscaler waits tens of seconds before it scales anyway.
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1.0",
+    # Ray starts its workers at niceness 15 and its daemons at 0, so on a small machine every
+    # wake-up of a daemon preempts the engine's or the learner's threads, which then wait for
+    # each other. Level with the daemons, a grpo_single step on two cores took 71.7 s against
+    # 82.7 s (docs/benchmarks.md, session 11).
+    "RAY_worker_niceness": "0",
+}
+
+
 def init_ray(cfg: Config) -> bool:
     """Join RAY_ADDRESS / an existing runtime, or start Ray in-process. True if we started it."""
     import ray
@@ -39,11 +60,8 @@ def init_ray(cfg: Config) -> bool:
         ray.init(log_to_driver=True)
         return False
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    # On a small, saturated machine Serve's HTTP proxy can take longer than its default 10 s
-    # health-check and 5 s readiness timeouts to answer (or to start), and is then killed;
-    # give it a minute.
-    os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
-    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+    for k, v in EMBEDDED_RAY_ENV.items():
+        os.environ.setdefault(k, v)
     # Logical CPUs: engines and trainer workers each hold one; they take turns on the cores.
     n = cfg.run.local_num_cpus or max(8, os.cpu_count() or 1)
     # glibc gives each thread its own malloc arena; PyTorch's varying-size CPU buffers in

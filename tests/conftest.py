@@ -3,12 +3,14 @@ import os
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")  # see runner.init_ray
-os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
 
 import pytest  # noqa: E402
 
 from rltf_ray.models import cache_dir  # noqa: E402
+from rltf_ray.runner import EMBEDDED_RAY_ENV  # noqa: E402
+
+for _k, _v in EMBEDDED_RAY_ENV.items():  # the tests' own Ray gets what runner.init_ray sets
+    os.environ.setdefault(_k, _v)
 
 
 @pytest.fixture(scope="session")

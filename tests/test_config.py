@@ -36,6 +36,7 @@ def test_defaults_and_overrides():
     ("pipeline.nowhere.n=3", "no pipeline node named 'nowhere'"),
     ("trainer", "expected key=value"),
     ("engine.block_size=24", r"engine.block_size: expected a multiple of 16"),
+    ("engine.nice=-5", r"engine.nice: expected 0..19"),
 ])
 def test_bad_overrides_name_the_key(override, match):
     with pytest.raises(ConfigError, match=match):

@@ -2,6 +2,7 @@
 Ray Train and DeepSpeed, on a Ray started in-process."""
 import json
 import math
+import os
 import time
 
 import pyarrow.parquet as pq
@@ -58,7 +59,8 @@ def run(tmp_path_factory, tiny_path):
     cfg = load_config("pipelines/configs/tiny.yaml",
                       [f"run.output_dir={out}", "run.steps=2", f"run.serve_http_port={PORT}",
                        "run.checkpoint_every=1", "loss.lambda_fm=0.1", f"run.metrics_export_port={METRICS}",
-                       "run.eval_every=1", "eval.feedback_rounds=1", "engine.block_size=32"])
+                       "run.eval_every=1", "eval.feedback_rounds=1", "engine.block_size=32",
+                       "engine.nice=5"])
     p = Pipeline(cfg)
     p.start()
     try:
@@ -200,9 +202,13 @@ def test_dashboard_metrics_and_named_actors(run):
         assert series_sum(text, "ray_rltf_stage_rows_in_flight", f'stage="{stage}"') == 0, stage
     apps = run["apps"]["applications"]
     assert apps["rltf_critic"]["status"] == "RUNNING"
-    names = {a.get("name") for a in run["actors"]["data"]["result"]["result"]}
-    assert any(n and n.startswith("rltf/engine-") for n in names)
-    assert any(n and n.startswith("rltf/broker-") for n in names)
+    alive = [a for a in run["actors"]["data"]["result"]["result"] if a["state"] == "ALIVE"]
+    engine = [a for a in alive if (a.get("name") or "").startswith("rltf/engine-")]
+    broker = [a for a in alive if (a.get("name") or "").startswith("rltf/broker-")]
+    assert len(engine) == 1 and len(broker) == 1
+    # the engine at engine.nice; other workers at the tests' Ray's (runner.EMBEDDED_RAY_ENV: 0)
+    assert os.getpriority(os.PRIO_PROCESS, engine[0]["pid"]) == 5
+    assert os.getpriority(os.PRIO_PROCESS, broker[0]["pid"]) == 0
 
 
 def test_tensorboard_events_are_written(run):

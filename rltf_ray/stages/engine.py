@@ -27,6 +27,8 @@ def _install_hint() -> str:
 def engine_env(cfg: EngineConfig, use_gpu: bool) -> dict[str, str]:
     """Environment for an engine process; vLLM reads these at import time."""
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
+    if cfg.nice is not None:  # Ray's worker reads it when it starts (its job supervisor's way)
+        env["RAY_worker_niceness"] = str(cfg.nice)
     if not use_gpu:
         n = os.cpu_count() or 1
         bind = f"0-{n - 1}" if cfg.cpu_threads_bind == "auto" else cfg.cpu_threads_bind

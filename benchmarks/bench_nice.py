@@ -1,0 +1,65 @@
+"""Workers' niceness (the engines', and the embedded Ray's) on bench_compare's grpo_single step.
+
+    .venv/bin/python benchmarks/bench_nice.py [--model smollm2] [--steps 4] [--repeats 1] [--variants ...]
+
+Ray starts every worker at niceness 15, below its own daemons (GCS, raylet, dashboard and
+its agent, log monitor: 0). On a CPU node the engine's OpenMP threads then wait on the run
+queue whenever a daemon wakes (docs/benchmarks.md, session 11). Variants, run one after
+another (interleaved when repeated), each a fresh `pipelines/run.py` process:
+
+ray15     every worker at Ray's default, 15 (RAY_worker_niceness=15, engine.nice=15)
+engine0   the engines level with Ray's daemons, the other workers at 15 (engine.nice=0, the
+          default, as on a cluster whose workers keep Ray's default)
+all0      every worker level with the daemons: the embedded Ray's default (runner.EMBEDDED_RAY_ENV)"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_compare import bench_pipeline, parse_sized, rate, sized_parser  # noqa: E402
+from common import mean  # noqa: E402
+
+VARIANTS = {"ray15": ({"RAY_worker_niceness": "15"}, ["engine.nice=15"]),
+            "engine0": ({"RAY_worker_niceness": "15"}, ["engine.nice=0"]),
+            "all0": ({}, [])}
+
+
+def main() -> int:
+    ap = sized_parser(__doc__, steps=4)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    a = parse_sized(ap)
+    names = a.variants.split(",")
+    if set(names) - set(VARIANTS):
+        ap.error(f"--variants: choose from {', '.join(VARIANTS)}")
+    base = list(a.overrides)
+    rows = []
+    for r in range(a.repeats):
+        for name in names:
+            env, over = VARIANTS[name]
+            saved = dict(os.environ)
+            os.environ.update(env)
+            try:
+                a.overrides = base + over
+                got = bench_pipeline(a.model, "grpo_single", a, f"nice_{name}")
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+            rows.append((name, r, got))
+            print(f"{name} #{r}: rollout {mean(got, 'seconds_rollout'):.1f} s", flush=True)
+    print(f"\n{a.model}: grpo_single, {a.prompts} prompts x {a.n} samples x {a.tokens} new tokens, "
+          f"{a.steps - 1} steps after a warm-up; overrides: {' '.join(base) or 'none'}")
+    print("| variant | run | rollout s | generated tok/s | train s | trained tok/s | step s |\n"
+          "| --- | --- | --- | --- | --- | --- | --- |")
+    for name, r, got in rows:
+        print(f"| {name} | {r} | {mean(got, 'seconds_rollout'):.1f} | "
+              f"{rate(got, 'generate_tokens', 'seconds_rollout'):.1f} | {mean(got, 'seconds_train'):.1f} | "
+              f"{rate(got, 'train_tokens', 'seconds_train'):.1f} | {mean(got, 'seconds_step'):.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
