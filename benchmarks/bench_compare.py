@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common import mean, run_pipeline  # noqa: E402
+from common import choose, mean, run_pipeline  # noqa: E402
 from rltf_ray.metrics import peak_rss_gb  # noqa: E402
 
 
@@ -244,6 +244,21 @@ def bench_pipeline(model: str, preset: str, a, out: str) -> list[dict]:
         "pipeline.revision.temperature=1.0", *a.overrides], preset=preset, prefix=f"rltf_bench_{out}_", quiet=True)[1:]
 
 
+def runs_table(a, what: str, runs: list[tuple[str, list[dict]]]) -> str:
+    """One row per rltf_ray run of the same step (bench_lora's and bench_nice's tables)."""
+    out = [f"\n{a.model}: grpo_single, {a.prompts} prompts x {a.n} samples x {a.tokens} new tokens, "
+           f"{a.steps - 1} steps after a warm-up; overrides: {' '.join(a.overrides) or 'none'}",
+           f"| {what} | s / step | rollout s | generated tok/s | train s | sync s | trained tok/s "
+           "| learner peak RSS GB | engine peak RSS GB |", "| --- " * 9 + "|"]
+    for name, rows in runs:
+        out.append(f"| {name} | {mean(rows, 'seconds_step'):.1f} | {mean(rows, 'seconds_rollout'):.1f} | "
+                   f"{rate(rows, 'generate_tokens', 'seconds_rollout'):.1f} | {mean(rows, 'seconds_train'):.1f} | "
+                   f"{mean(rows, 'seconds_sync'):.2f} | {rate(rows, 'train_tokens', 'seconds_train'):.1f} | "
+                   f"{max(r['learner_peak_rss_gb'] for r in rows):.2f} | "
+                   f"{max(r['engine_peak_rss_gb'] for r in rows):.2f} |")
+    return "\n".join(out)
+
+
 def contender(which: str, a, out: Path) -> dict:
     """A hand-written loop or TRL, in a process of its own (each holds a model and an engine)."""
     subprocess.run([sys.executable, __file__, "--model", a.model, "--steps", str(a.steps), "--prompts",
@@ -279,9 +294,7 @@ def main() -> int:
                "floor2": lambda *x: floor_loop(*x, two_turn=True)}[a.only[0]]
         run(a.model, a.steps, a.prompts, a.n, a.tokens, a.only[1])
         return 0
-    parts = set(a.parts.split(","))
-    if not parts or parts - {"single", "two_turn", "trl"}:
-        ap.error(f"--parts: choose from single, two_turn, trl (got {a.parts!r})")
+    parts = set(choose(ap, "--parts", a.parts, ("single", "two_turn", "trl")))
     if "trl" in parts and "single" not in parts:
         ap.error("--parts: trl is compared with the grpo_single step, so it needs single too")
     tmp = Path(tempfile.mkdtemp(prefix="rltf_bench_compare_"))

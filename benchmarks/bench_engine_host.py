@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench_compare import step_prompts  # noqa: E402
+from common import choose  # noqa: E402
 
 MODES = ("main", "logprobs", "thread", "actor")
 
@@ -100,9 +101,7 @@ def main() -> int:
     if a.only:
         print("SECONDS", " ".join(f"{x:.2f}" for x in one(a.only, a.model, a.steps)))
         return 0
-    modes = a.modes.split(",")
-    if set(modes) - set(MODES):
-        ap.error(f"--modes: choose from {', '.join(MODES)}")
+    modes = choose(ap, "--modes", a.modes, MODES)
     print(f"\n{a.model}: 8 prompts x 4 samples x 128 new tokens, {os.cpu_count()} cores")
     print("| host | background load, cores | seconds per step | mean |\n| --- | --- | --- | --- |")
     for load in [float(x) for x in a.background.split(",")]:

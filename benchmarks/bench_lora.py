@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from bench_compare import bench_pipeline, parse_sized, rate, sized_parser
-from common import mean
+from bench_compare import bench_pipeline, parse_sized, runs_table, sized_parser
 
 
 def main() -> int:
@@ -23,15 +22,7 @@ def main() -> int:
     full = bench_pipeline(a.model, "grpo_single", a, "full")
     a.overrides = [*a.overrides, f"trainer.lora={{rank: {a.rank}, alpha: {2 * a.rank}}}"]
     lora = bench_pipeline(a.model, "grpo_single", a, "lora")
-    print(f"\n{a.model}: grpo_single, {a.prompts} prompts x {a.n} samples x {a.tokens} new tokens, "
-          f"{a.steps - 1} steps after a warm-up; overrides: {' '.join(a.overrides)}")
-    print("| training | s / step | rollout s | train s | sync s | trained tok/s | learner peak RSS GB "
-          "| engine peak RSS GB |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name, rows in (("full", full), (f"LoRA rank {a.rank}", lora)):
-        print(f"| {name} | {mean(rows, 'seconds_step'):.1f} | {mean(rows, 'seconds_rollout'):.1f} | "
-              f"{mean(rows, 'seconds_train'):.1f} | {mean(rows, 'seconds_sync'):.2f} | {rate(rows, 'train_tokens', 'seconds_train'):.1f} | "
-              f"{max(r['learner_peak_rss_gb'] for r in rows):.2f} | {max(r['engine_peak_rss_gb'] for r in rows):.2f} |")
+    print(runs_table(a, "training", [("full", full), (f"LoRA rank {a.rank}", lora)]))
     return 0
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_compare import bench_pipeline, parse_sized, rate, sized_parser  # noqa: E402
-from common import mean  # noqa: E402
+from bench_compare import bench_pipeline, parse_sized, runs_table, sized_parser  # noqa: E402
+from common import choose, mean  # noqa: E402
 
 VARIANTS = {"ray15": ({"RAY_worker_niceness": "15"}, ["engine.nice=15"]),
             "engine0": ({"RAY_worker_niceness": "15"}, ["engine.nice=0"]),
@@ -32,9 +32,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     a = parse_sized(ap)
-    names = a.variants.split(",")
-    if set(names) - set(VARIANTS):
-        ap.error(f"--variants: choose from {', '.join(VARIANTS)}")
+    names = choose(ap, "--variants", a.variants, VARIANTS)
     base = list(a.overrides)
     rows = []
     for r in range(a.repeats):
@@ -50,14 +48,8 @@ def main() -> int:
                 os.environ.update(saved)
             rows.append((name, r, got))
             print(f"{name} #{r}: rollout {mean(got, 'seconds_rollout'):.1f} s", flush=True)
-    print(f"\n{a.model}: grpo_single, {a.prompts} prompts x {a.n} samples x {a.tokens} new tokens, "
-          f"{a.steps - 1} steps after a warm-up; overrides: {' '.join(base) or 'none'}")
-    print("| variant | run | rollout s | generated tok/s | train s | trained tok/s | step s |\n"
-          "| --- | --- | --- | --- | --- | --- | --- |")
-    for name, r, got in rows:
-        print(f"| {name} | {r} | {mean(got, 'seconds_rollout'):.1f} | "
-              f"{rate(got, 'generate_tokens', 'seconds_rollout'):.1f} | {mean(got, 'seconds_train'):.1f} | "
-              f"{rate(got, 'train_tokens', 'seconds_train'):.1f} | {mean(got, 'seconds_step'):.1f} |")
+    a.overrides = base
+    print(runs_table(a, "variant (run)", [(f"{name} ({r})", got) for name, r, got in rows]))
     return 0
 
 

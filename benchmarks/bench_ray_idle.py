@@ -20,6 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from common import choose  # noqa: E402
+
 # name -> environment
 VARIANTS = {
     "default": {},  # runner.EMBEDDED_RAY_ENV: Serve's control loop every 1 s, workers at niceness 0
@@ -92,9 +94,7 @@ def main() -> int:
     if a.only:
         one(a.only, a.seconds)
         return 0
-    names = a.variants.split(",")
-    if set(names) - set(VARIANTS):
-        ap.error(f"--variants: choose from {', '.join(VARIANTS)}")
+    names = choose(ap, "--variants", a.variants, VARIANTS)
     print(f"\nidle embedded pipeline (tiny config), CPU over {a.seconds:.0f} s, % of one core, {os.cpu_count()} cores")
     print("| variant | all processes | driver | largest users |\n| --- | --- | --- | --- |")
     for name in names:

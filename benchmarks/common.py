@@ -32,6 +32,14 @@ def mean(rows: list[dict], key: str) -> float:
     return sum(r[key] for r in rows) / max(len(rows), 1)
 
 
+def choose(ap: argparse.ArgumentParser, flag: str, value: str, allowed) -> list[str]:
+    """A comma list of names from `allowed`, or the parser's error naming them."""
+    names = [x for x in value.split(",") if x]
+    if not names or set(names) - set(allowed):
+        ap.error(f"{flag}: choose from {', '.join(allowed)} (got {value!r})")
+    return names
+
+
 def config_args(doc: str, steps: int) -> argparse.ArgumentParser:
     """--config, --steps and key=value overrides, as every pipeline benchmark takes them."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
