@@ -51,7 +51,7 @@ bench: models
 	$(PY) benchmarks/bench_critic_load.py --seconds 20
 	$(PY) benchmarks/bench_lora.py --model smollm2 --steps 4
 	$(PY) benchmarks/bench_ray_idle.py
-	$(PY) benchmarks/bench_nice.py --model smollm2 --steps 4
+	$(PY) benchmarks/bench_nice.py --model smollm2 --steps 4 --repeats 2
 
 # rltf_ray against raw vLLM, a plain torch learner and a hand-written loop, on the same prompts
 bench-compare: models

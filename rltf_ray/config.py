@@ -57,11 +57,10 @@ class EngineConfig:
     # shares whole blocks only, so a revision reuses x0 + y0's prefill in steps of this size.
     block_size: int | None = None
     # Unix niceness of the engine processes; None = the Ray's worker niceness (15 by default,
-    # below Ray's daemons at 0; an embedded Ray runs its workers at 0). On a CPU node a
-    # generating engine is the step's critical path, and at 15 its OpenMP threads queue
-    # behind every wake-up of a daemon (docs/benchmarks.md, session 11). 0..19: a lower
-    # value needs privileges.
-    nice: int | None = 0
+    # below Ray's daemons at 0). At 15 a generating engine's threads wait on the run queue
+    # behind Ray's daemons on a small CPU node, but 0 did not measurably shorten a step there
+    # (docs/benchmarks.md, session 11). 0..19: a lower value needs privileges.
+    nice: int | None = None
 
     def __post_init__(self):
         if self.block_size is not None and (self.block_size < 16 or self.block_size % 16):

@@ -42,11 +42,6 @@ EMBEDDED_RAY_ENV = {
     # than its share (docs/benchmarks.md, session 11). Once a second is enough for one critic
     # app, whose autoscaler waits tens of seconds before it scales anyway.
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1.0",
-    # Ray starts its workers at niceness 15 and its daemons at 0, so on a small machine every
-    # wake-up of a daemon preempts the engine's or the learner's threads, which then wait for
-    # each other. Level with the daemons, a grpo_single step on two cores took 71.7 s against
-    # 82.7 s (docs/benchmarks.md, session 11).
-    "RAY_worker_niceness": "0",
 }
 
 
