@@ -58,9 +58,12 @@ bench-compare: models
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/bench_compare.py --model smollm2
 
-# asynchronous overlap (run.max_staleness 0 against 1), same prompts
-bench-async: models-tiny
-	$(PY) benchmarks/bench_async.py --config pipelines/configs/tiny.yaml --steps 6
+# asynchronous overlap (run.max_staleness 0 against 1), same prompts: on one Ray, then on a
+# three-node Ray whose engine and learner nodes are pinned to their own cores
+bench-async: models
+	$(PY) benchmarks/bench_async.py --config pipelines/configs/tiny.yaml --steps 8
+	$(PY) benchmarks/bench_async.py --config pipelines/configs/tiny.yaml --steps 8 --cluster
+	$(PY) benchmarks/bench_async.py --config pipelines/configs/demo.yaml --steps 4 --cluster
 
 clean:
 	rm -rf outputs .pytest_cache

@@ -235,13 +235,13 @@ def parse_sized(ap: argparse.ArgumentParser) -> argparse.Namespace:
     return a
 
 
-def bench_pipeline(model: str, preset: str, a, out: str) -> list[dict]:
+def bench_pipeline(model: str, preset: str, a, out: str, env: dict | None = None) -> list[dict]:
     """rltf_ray on the demo config with the benchmark's sizes; its metrics rows, warm-up dropped."""
     return run_pipeline(str(DEMO), [
         f"model.path={model}", f"run.steps={a.steps}", f"pipeline.prompts.prompts_per_step={a.prompts}",
         f"pipeline.first_turn.n={a.n}", f"pipeline.first_turn.max_tokens={a.tokens}",
         "pipeline.first_turn.temperature=1.0", f"pipeline.revision.max_tokens={a.tokens}",
-        "pipeline.revision.temperature=1.0", *a.overrides], preset=preset, prefix=f"rltf_bench_{out}_", quiet=True)[1:]
+        "pipeline.revision.temperature=1.0", *a.overrides], preset=preset, prefix=f"rltf_bench_{out}_", quiet=True, env=env)[1:]
 
 
 def runs_table(a, what: str, runs: list[tuple[str, list[dict]]]) -> str:

@@ -15,7 +15,6 @@ Two rounds in session 11 disagreed (docs/benchmarks.md): run it with --repeats, 
 spread before the means."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -39,14 +38,8 @@ def main() -> int:
     for r in range(a.repeats):
         for name in names:
             env, over = VARIANTS[name]
-            saved = dict(os.environ)
-            os.environ.update(env)
-            try:
-                a.overrides = base + over
-                got = bench_pipeline(a.model, "grpo_single", a, f"nice_{name}")
-            finally:
-                os.environ.clear()
-                os.environ.update(saved)
+            a.overrides = base + over
+            got = bench_pipeline(a.model, "grpo_single", a, f"nice_{name}", env=env)
             rows.append((name, r, got))
             print(f"{name} #{r}: rollout {mean(got, 'seconds_rollout'):.1f} s", flush=True)
     a.overrides = base

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,15 +14,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_pipeline(config: str, overrides: list[str], preset: str | None = None, prefix: str = "rltf_bench_",
-                 quiet: bool = False) -> list[dict]:
+                 quiet: bool = False, env: dict | None = None) -> list[dict]:
     """`pipelines/run.py` in its own process (so every run starts and stops its own Ray, engines
-    and learner) into a fresh folder, without the before/after evaluations; its metrics rows.
+    and learner, or joins the Ray that `env`'s RAY_ADDRESS names) into a fresh folder, without
+    the before/after evaluations; its metrics rows. `env` adds to this process's environment.
     The folder is deleted afterwards: its resume state alone is 2.6 GB for SmolLM2."""
     out = tempfile.mkdtemp(prefix=prefix)
     cmd = [sys.executable, str(ROOT / "pipelines/run.py"), "--config", config, f"run.output_dir={out}",
            "run.eval_before_after=false", "run.tensorboard=false", *overrides]
     subprocess.run(cmd + (["--preset", preset] if preset else []), cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL if quiet else None)
+                   stdout=subprocess.DEVNULL if quiet else None, env={**os.environ, **(env or {})})
     try:
         return [json.loads(x) for x in Path(out, "metrics.jsonl").read_text().splitlines()]
     finally:
