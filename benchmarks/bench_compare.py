@@ -236,12 +236,15 @@ def parse_sized(ap: argparse.ArgumentParser) -> argparse.Namespace:
 
 
 def bench_pipeline(model: str, preset: str, a, out: str, env: dict | None = None) -> list[dict]:
-    """rltf_ray on the demo config with the benchmark's sizes; its metrics rows, warm-up dropped."""
-    return run_pipeline(str(DEMO), [
+    """rltf_ray on the demo config with the benchmark's sizes; its metrics rows, warm-up dropped.
+    A step's seconds leave out the run's final checkpoint (written in the last step: 9 s for
+    SmolLM2), which the hand-written loop and TRL (save_strategy "no") do not write."""
+    rows = run_pipeline(str(DEMO), [
         f"model.path={model}", f"run.steps={a.steps}", f"pipeline.prompts.prompts_per_step={a.prompts}",
         f"pipeline.first_turn.n={a.n}", f"pipeline.first_turn.max_tokens={a.tokens}",
         "pipeline.first_turn.temperature=1.0", f"pipeline.revision.max_tokens={a.tokens}",
         "pipeline.revision.temperature=1.0", *a.overrides], preset=preset, prefix=f"rltf_bench_{out}_", quiet=True, env=env)[1:]
+    return [{**r, "seconds_step": r["seconds_step"] - r["seconds_checkpoint"]} for r in rows]
 
 
 def runs_table(a, what: str, runs: list[tuple[str, list[dict]]]) -> str:

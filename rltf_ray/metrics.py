@@ -96,7 +96,8 @@ def step_line(m: dict, total: int) -> str:
             f"r0 {m['reward_first_mean']:+.3f} r1 {m['reward_second_mean']:+.3f} | "
             f"gen {m['generate_tokens_per_s']:.0f} tok/s | {m['seconds_step']:.1f}s "
             f"(rollout {m['seconds_rollout']:.1f}, train {m['seconds_train']:.1f}, "
-            f"sync {m['seconds_sync']:.2f})")
+            f"sync {m['seconds_sync']:.2f}"
+            + (f", checkpoint {m['seconds_checkpoint']:.1f}" if m.get("seconds_checkpoint") else "") + ")")
 
 
 def eval_line(e: dict) -> str:

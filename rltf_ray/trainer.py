@@ -383,7 +383,7 @@ def train_loop(config: dict) -> None:
     for step in range(start, cfg.run.steps):
         got = ray.get(broker.get_step.remote(step))
         rows = ray.get(got[0])
-        metrics: dict = {"step": step, "seconds_train": 0.0, "seconds_sync": 0.0}
+        metrics: dict = {"step": step, "seconds_train": 0.0, "seconds_sync": 0.0, "seconds_checkpoint": 0.0}
         states = {}
         t0 = time.perf_counter()
         if binac is None or binac.actor_trains(step):
@@ -406,6 +406,7 @@ def train_loop(config: dict) -> None:
         last = step == cfg.run.steps - 1
         every = cfg.run.checkpoint_every
         if last or (every and (step + 1) % every == 0):
+            t1 = time.perf_counter()
             path = os.path.join(ckpt_dir, f"step_{step + 1}")
             state = states.get("actor") or full_state_dict(actor.engine, actor.zero_stage)
             cstate = None
@@ -426,6 +427,7 @@ def train_loop(config: dict) -> None:
                 ray.train.get_all_reported_checkpoints(
                     consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED, timeout_s=600)
                 ray.get(broker.release.remote(step + 1))
+            metrics["seconds_checkpoint"] = time.perf_counter() - t1  # in the step: it is not overlapped
         else:
             # Metrics reach the driver through the broker; Ray Train hears only of checkpoints.
             # (Its result queue holds one report, which its controller drains at each 2 s
