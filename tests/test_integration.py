@@ -143,6 +143,8 @@ def test_losses_finite_and_metrics_keys(run):
         assert 0.2 < m["learner_peak_rss_gb"] < 24 and 0.2 < m["engine_peak_rss_gb"] < 24
         assert m["train_tokens"] > 0 and m["train_tokens_per_s"] > 0
     assert [m["policy_version"] for m in lines] == [1, 2]
+    # run.checkpoint_every=1: each step writes one, and its seconds are part of the step's
+    assert all(0 < m["seconds_checkpoint"] < m["seconds_step"] for m in lines)
 
 
 def test_eval_every_step_and_the_last_one_is_the_after_eval(run):
