@@ -46,10 +46,9 @@ def pinned_cluster(object_store_gib: float = 2.0):
     """A three-node Ray on this machine; yields its address for the pipeline's RAY_ADDRESS."""
     from ray.cluster_utils import Cluster
 
-    from rltf_ray.runner import EMBEDDED_RAY_ENV
+    from rltf_ray.runner import apply_embedded_ray_env
 
-    for k, v in {**EMBEDDED_RAY_ENV, "RAY_AUTH_MODE": "disabled"}.items():
-        os.environ.setdefault(k, v)  # the nodes' processes inherit them, as an embedded Ray's do
+    apply_embedded_ray_env()  # the nodes' processes inherit it, as an embedded Ray's do
     store = int(object_store_gib * 2**30)
     every = os.sched_getaffinity(0)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "object_store_memory": store})

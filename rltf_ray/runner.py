@@ -45,6 +45,14 @@ EMBEDDED_RAY_ENV = {
 }
 
 
+def apply_embedded_ray_env() -> None:
+    """Put EMBEDDED_RAY_ENV (and no token auth) into this process's environment, for a Ray it
+    is about to start; a variable already set wins. Ray's processes inherit it."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    for k, v in EMBEDDED_RAY_ENV.items():
+        os.environ.setdefault(k, v)
+
+
 def init_ray(cfg: Config) -> bool:
     """Join RAY_ADDRESS / an existing runtime, or start Ray in-process. True if we started it."""
     import ray
@@ -54,9 +62,7 @@ def init_ray(cfg: Config) -> bool:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(log_to_driver=True)
         return False
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    for k, v in EMBEDDED_RAY_ENV.items():
-        os.environ.setdefault(k, v)
+    apply_embedded_ray_env()
     # Logical CPUs: engines and trainer workers each hold one; they take turns on the cores.
     n = cfg.run.local_num_cpus or max(8, os.cpu_count() or 1)
     # glibc gives each thread its own malloc arena; PyTorch's varying-size CPU buffers in

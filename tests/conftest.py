@@ -7,10 +7,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 
 from rltf_ray.models import cache_dir  # noqa: E402
-from rltf_ray.runner import EMBEDDED_RAY_ENV  # noqa: E402
+from rltf_ray.runner import apply_embedded_ray_env  # noqa: E402
 
-for _k, _v in EMBEDDED_RAY_ENV.items():  # the tests' own Ray gets what runner.init_ray sets
-    os.environ.setdefault(_k, _v)
+apply_embedded_ray_env()  # the tests' own Ray gets what runner.init_ray sets
 
 
 @pytest.fixture(scope="session")
