@@ -128,7 +128,9 @@ def optimize(engine, ref_model, examples: list[Example], cfg: Config, pad_id: in
     mine = shard_examples(trained, rank, world)
     # gloo (CPU) and NCCL (GPU) both reduce tensors on the worker's own device
     dev = next(engine.module.parameters()).device
+    t0 = time.perf_counter()
     fill_side_logprobs(mine, engine, ref_model, cfg, pad_id, dev)
+    t1 = time.perf_counter()
     mb = cfg.trainer.micro_batch_size
     n_micro = max(global_max(math.ceil(len(mine) / mb), dev), 1)
     lambda_sd = cfg.loss.lambda_sd_at(step)
@@ -149,19 +151,26 @@ def optimize(engine, ref_model, examples: list[Example], cfg: Config, pad_id: in
         engine.backward(loss * world, scale_wrt_gas=False)
     if global_max(int(any(e.term in RL_TERMS for e in mine)), dev) == 0:
         sums.update(monitor_sample(examples, engine, cfg, pad_id, rank, world, dev))
+    t2 = time.perf_counter()
     metrics = reduce_metrics(sums, cfg, lambda_sd)
     if not math.isfinite(metrics["loss"]):
         raise NonFiniteLoss(f"step {step}: the loss is {metrics['loss']} "
                             f"({ {k: v for k, v in metrics.items() if k.startswith('loss_')} }); "
                             "the optimizer step was not taken")
+    t3 = time.perf_counter()
     engine.step()
+    # this rank's split of seconds_train (where a learner's time goes: docs/benchmarks.md)
+    metrics.update({"seconds_side_logprobs": t1 - t0, "seconds_forward_backward": t2 - t1,
+                    "seconds_optimizer": time.perf_counter() - t3})
     return metrics
 
 
 def learn_step(engine, ref_model, rows: list[dict], cfg: Config, tokenizer, pad_id: int, step: int,
                rank: int, world: int) -> dict:
     """The actor's optimizer step on one RL step's rollout rows."""
+    t0 = time.perf_counter()
     examples, stats = build_examples(rows, cfg, tokenizer)
+    stats["seconds_examples"] = time.perf_counter() - t0
     metrics = optimize(engine, ref_model, examples, cfg, pad_id, step, rank, world)
     return {**metrics, **stats, **{f"examples_{t}": sum(e.term == t for e in examples) for t in TERMS}}
 
@@ -266,8 +275,10 @@ class Learner:
         from rltf_ray.weight_sync import make_weight_sync
 
         model = build_model(model_path, cfg)
+        # fused: one kernel over each tensor (CPU and CUDA); on this 2-core CPU the default
+        # per-op AdamW took 0.40 s a step for 67 M weights, the fused one 0.09 s (benchmarks.md)
         optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.trainer.lr,
-                                  weight_decay=cfg.trainer.weight_decay)
+                                  weight_decay=cfg.trainer.weight_decay, fused=True)
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optim, config=deepspeed_config(cfg),
                                                dist_init_required=False)
         self.zero_stage, self.rank, self.version = cfg.trainer.zero_stage, rank, 0

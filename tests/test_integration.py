@@ -142,6 +142,10 @@ def test_losses_finite_and_metrics_keys(run):
         # each process holds at least its model and torch (> 0.2 GiB), and less than the machine
         assert 0.2 < m["learner_peak_rss_gb"] < 24 and 0.2 < m["engine_peak_rss_gb"] < 24
         assert m["train_tokens"] > 0 and m["train_tokens_per_s"] > 0
+        # rank 0's split of the learner's step: its parts are inside seconds_train
+        parts = ("seconds_examples", "seconds_side_logprobs", "seconds_forward_backward", "seconds_optimizer")
+        assert m["seconds_forward_backward"] > 0 and m["seconds_optimizer"] > 0
+        assert sum(m[k] for k in parts) <= m["seconds_train"]
     assert [m["policy_version"] for m in lines] == [1, 2]
     # run.checkpoint_every=1: each step writes one, and its seconds are part of the step's
     assert all(0 < m["seconds_checkpoint"] < m["seconds_step"] for m in lines)

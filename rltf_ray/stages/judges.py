@@ -102,8 +102,11 @@ class LLMJudgeCritic(CriticEndpoints):
                  batch_wait_timeout_s: float = 0.05):
         from vllm import LLM
 
-        self.llm = LLM(model=model_path, dtype=dtype, enforce_eager=True,
-                       max_model_len=max_model_len, seed=0)
+        from rltf_ray.stages.engine import VLLMThread
+
+        self.vllm = VLLMThread()
+        self.llm = self.vllm.run(LLM, model=model_path, dtype=dtype, enforce_eager=True,
+                                 max_model_len=max_model_len, seed=0)
         self.tokenizer = self.llm.get_tokenizer()
         self.max_tokens = max_tokens
         self.judge_batch.set_max_batch_size(max_batch_size)
@@ -151,7 +154,8 @@ class LLMJudgeCritic(CriticEndpoints):
     async def judge_batch(self, items: list[dict]) -> list[dict]:
         self.batches += 1
         self.requests += len(items)
-        return await asyncio.to_thread(self._judge_all, items)  # keep the replica's loop free
+        # off the replica's event loop, on the thread that built the engine
+        return await asyncio.wrap_future(self.vllm.submit(self._judge_all, items))
 
 
 @serve.deployment(**DEPLOYMENT_OPTIONS)
