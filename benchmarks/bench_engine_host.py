@@ -1,12 +1,14 @@
 """Where an engine's generation time goes: the same vLLM generation of the same prompts,
-hosted four ways (each mode in a process of its own, one after another).
+hosted five ways (each mode in a process of its own, one after another).
 
-    .venv/bin/python benchmarks/bench_engine_host.py [--model smollm2] [--steps 3] [--modes main,logprobs,thread,actor]
+    .venv/bin/python benchmarks/bench_engine_host.py [--model smollm2] [--steps 3] [--modes main,logprobs,thread,own,actor]
 
 main      `LLM.generate` in the process's main thread (bench_compare's raw-vLLM floor);
 logprobs  as main, plus the sampled tokens' log-probs under processed_logprobs (what the
           importance ratio needs, and what rltf_ray's engines ask for);
-thread    as logprobs, called from a worker thread (a threaded Ray actor runs methods so);
+thread    as logprobs, built in the main thread, called from a worker thread (a threaded
+          Ray actor runs its methods on pool threads so);
+own       as logprobs, built and called from one worker thread (what `VLLMThread` does);
 actor     rltf_ray's PolicyEngine as a Ray actor, as the pipeline starts it (no pipeline).
 Prints seconds per step for the same prompts and seeds (bench_compare's first 8 x 4 x 128).
 
@@ -21,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from bench_compare import step_prompts  # noqa: E402
 from common import choose  # noqa: E402
 
-MODES = ("main", "logprobs", "thread", "actor")
+MODES = ("main", "logprobs", "thread", "own", "actor")
 
 
 def one(mode: str, model: str, steps: int) -> list[float]:
@@ -54,18 +57,18 @@ def one(mode: str, model: str, steps: int) -> list[float]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    kw = {} if mode == "main" else {"logprobs_mode": "processed_logprobs"}
-    llm = LLM(model=path, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0, **kw)
+    kw = dict(model=path, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0)
+    if mode != "main":
+        kw["logprobs_mode"] = "processed_logprobs"
+    pool = ThreadPoolExecutor(1)  # one worker thread, kept for the whole run
+    llm = pool.submit(LLM, **kw).result() if mode == "own" else LLM(**kw)
     sp = SamplingParams(n=4, temperature=1.0, max_tokens=128, logprobs=None if mode == "main" else 0)
     out = []
     for b in batches:
         prompts = [TokensPrompt(prompt_token_ids=p) for p in b]
         t = time.perf_counter()
-        if mode == "thread":
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(1) as pool:
-                pool.submit(llm.generate, prompts, sp, use_tqdm=False).result()
+        if mode in ("thread", "own"):
+            pool.submit(llm.generate, prompts, sp, use_tqdm=False).result()
         else:
             llm.generate(prompts, sp, use_tqdm=False)
         out.append(time.perf_counter() - t)
