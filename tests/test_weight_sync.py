@@ -29,3 +29,21 @@ def test_views_of_a_flat_buffer_travel_out_of_band_with_only_their_own_bytes():
     assert sorted(b.raw().nbytes for b in buffers) == [40, 400]
     got = dict(unpack(pickle.loads(stream, buffers=buffers)))
     assert torch.equal(got["w"], flat[:100].view(10, 10)) and torch.equal(got["b"], flat[500:510])
+
+
+def test_tied_weights_travel_once_and_arrive_under_both_names():
+    """A tied embedding and LM head are one tensor under two names: its bytes go into the
+    object store once, and the engine still receives both names (vLLM decides what to skip)."""
+    torch.manual_seed(0)
+    emb = torch.randn(6, 4)
+    other = torch.randn(6, 4)
+    named = [("embed.weight", emb), ("norm.weight", torch.randn(4)), ("lm_head.weight", emb),
+             ("head2.weight", other), ("first_rows", emb[:3])]  # equal shape or a slice: not the same tensor
+    buffers = []
+    stream = pickle.dumps(pack(named, torch.bfloat16), protocol=5, buffer_callback=buffers.append)
+    assert sorted(b.raw().nbytes for b in buffers) == sorted([48, 8, 48, 24])  # no second 6x4 of emb
+    got = unpack(pickle.loads(stream, buffers=buffers))
+    assert [n for n, _ in got] == [n for n, _ in named]
+    for (_, src), (_, t) in zip(named, got):
+        assert torch.equal(t, src.to(torch.bfloat16))
+    assert dict(got)["lm_head.weight"] is dict(got)["embed.weight"]
