@@ -150,20 +150,16 @@ class PolicyEngine:
         """CPU path: reload from weights that came through the object store (`pack`ed)."""
         from rltf_ray.weight_sync.object_store import unpack
 
-        def load():
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": unpack(payload)})
-            self.llm.reset_prefix_cache()  # old-weight KV blocks would otherwise be reused
-            self.version = version
-            return version
-
-        return self.vllm.run(load)
+        self.collective_rpc("reload_weights", {"weights_iterator": unpack(payload)}, version)
+        return version
 
     def collective_rpc(self, method: str, kwargs: dict | None = None, version: int | None = None):
-        """GPU path: run a worker-extension method (see weight_sync/nccl.py)."""
+        """Run a worker method (GPU: a worker-extension one, see weight_sync/nccl.py); with
+        `version`, the weights it loaded become that policy version."""
         def rpc():
             out = self.llm.collective_rpc(method, kwargs=kwargs or {})
             if version is not None:
-                self.llm.reset_prefix_cache()
+                self.llm.reset_prefix_cache()  # old-weight KV blocks would otherwise be reused
                 self.version = version
             return out
 
