@@ -15,7 +15,9 @@
 5. TRL's GRPOTrainer (pinned in the `bench` extra; `make bench-compare` installs it) on the
    same prompts, CPU, fp32, HF generate -> seconds per step.
 Peak resident memory of each process comes from the same runs (metrics.jsonl for rltf_ray).
-`--parts` runs a subset (single, two_turn, trl), e.g. to rerun one part.
+`--parts` runs a subset (single, two_turn, trl), e.g. to rerun one part. `--repeats R` runs each
+floor and its rltf_ray run R times, alternating, and reports each pair's ratio and their mean:
+on a shared machine the speed drifts within minutes by more than the gaps measured.
 The first step of each loop is a warm-up and is not counted. Prints a table of figures and
 ratios; record it in docs/benchmarks.md with the machine it ran on.
 """
@@ -140,9 +142,11 @@ def two_turn_examples(batch, outs, outs1, revised, r0, r1) -> list[tuple[list[in
 
 
 def floor_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: str,
-               two_turn: bool = False) -> None:
+               two_turn: bool = False, micro_batch: int = 2) -> None:
     """The hand-written loop (runs in its own process: vLLM in process, then torch); with
-    `two_turn`, a revision turn and rltf_sd's three terms."""
+    `two_turn`, a revision turn and rltf_sd's three terms. It trains in micro-batches of
+    rltf_ray's own size (trainer.micro_batch_size): on this CPU a micro-batch of 8 trains
+    20-30% slower per token than one of 2, so any other size compares two geometries."""
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="2",
                       VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 1) - 1}")
     import torch
@@ -189,8 +193,8 @@ def floor_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: s
         seqs = [x for x in seqs if x[2] != 0.0]  # as rltf_ray: zero-advantage sequences are not forwarded
         trained = 0
         opt.zero_grad()
-        for k in range(0, len(seqs), 8):
-            chunk = seqs[k:k + 8]
+        for k in range(0, len(seqs), micro_batch):
+            chunk = seqs[k:k + micro_batch]
             adv = torch.tensor([a for _, _, a, _ in chunk])
             width = max(len(s) for s, _, _, _ in chunk)
             ids = torch.zeros(len(chunk), width, dtype=torch.long)
@@ -265,7 +269,8 @@ def runs_table(a, what: str, runs: list[tuple[str, list[dict]]]) -> str:
 def contender(which: str, a, out: Path) -> dict:
     """A hand-written loop or TRL, in a process of its own (each holds a model and an engine)."""
     subprocess.run([sys.executable, __file__, "--model", a.model, "--steps", str(a.steps), "--prompts",
-                    str(a.prompts), "--n", str(a.n), "--tokens", str(a.tokens), "--only", which, str(out)],
+                    str(a.prompts), "--n", str(a.n), "--tokens", str(a.tokens), "--only", which, str(out),
+                    *a.overrides],
                    check=True, stdout=subprocess.DEVNULL)
     got = json.loads(out.read_text())
     got["steps"] = got["steps"][1:]  # the warm-up step
@@ -290,13 +295,18 @@ def main() -> int:
     ap = sized_parser(__doc__, steps=4)
     ap.add_argument("--parts", default="single,two_turn,trl",
                     help="comma list of single (grpo_single), two_turn (rltf_sd), trl")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run each floor and rltf_ray this many times, alternating; the ratio is each pair's, averaged")
     ap.add_argument("--only", nargs=2, metavar=("WHICH", "OUT"), help=argparse.SUPPRESS)
     a = parse_sized(ap)
     if a.only:
-        run = {"floor": floor_loop, "trl": trl_loop,
-               "floor2": lambda *x: floor_loop(*x, two_turn=True)}[a.only[0]]
+        mb = demo_config(*a.overrides).trainer.micro_batch_size
+        run = {"floor": lambda *x: floor_loop(*x, micro_batch=mb), "trl": trl_loop,
+               "floor2": lambda *x: floor_loop(*x, two_turn=True, micro_batch=mb)}[a.only[0]]
         run(a.model, a.steps, a.prompts, a.n, a.tokens, a.only[1])
         return 0
+    if a.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {a.repeats}")
     parts = set(choose(ap, "--parts", a.parts, ("single", "two_turn", "trl")))
     if "trl" in parts and "single" not in parts:
         ap.error("--parts: trl is compared with the grpo_single step, so it needs single too")
@@ -307,33 +317,43 @@ def main() -> int:
              "| --- | --- | --- | --- | --- | --- |"]
     notes = []
 
-    def add(name: str, ours_v: float, floor_v: float, ratio: bool, target: str) -> None:
-        """A row; with `ratio`, ours / floor ("-" where the floor is 0: nothing to compare)."""
-        r = f"{ours_v / floor_v:.2f}" if ratio and floor_v else "-"
-        table.append(f"| {name} | {ours_v:.3g} | {floor_v:.3g} | {r} | {target} |")
+    def add(name: str, pairs: list[tuple[float, float]], ratio: bool, target: str) -> None:
+        """A row of means over the repeats' (ours, floor) pairs; with `ratio`, the mean of each
+        repeat's ours / floor, and each of them ("-" where a floor is 0: nothing to compare)."""
+        rs = [o / f for o, f in pairs if f] if ratio else []
+        r = f"{sum(rs) / len(rs):.2f}" + (f" ({', '.join(f'{x:.2f}' for x in rs)})" if len(rs) > 1 else "") if rs else "-"
+        table.append(f"| {name} | {sum(o for o, _ in pairs) / len(pairs):.3g} | "
+                     f"{sum(f for _, f in pairs) / len(pairs):.3g} | {r} | {target} |")
+
+    def paired(which: str, preset: str) -> tuple[list[tuple[list[dict], list[dict]]], dict, list[dict]]:
+        """The floor and rltf_ray, alternating, `--repeats` times (the machine drifts by more
+        than the gaps measured): each repeat's (floor steps, our rows), then all repeats' floor
+        figures and rows together, for the seconds table."""
+        runs = [(contender(which, a, tmp / f"{which}_{i}.json"), bench_pipeline(a.model, preset, a, f"{preset}_{i}"))
+                for i in range(a.repeats)]
+        floor = {"steps": [x for fl, _ in runs for x in fl["steps"]], "peak_rss_gb": max(fl["peak_rss_gb"] for fl, _ in runs)}
+        return [(fl["steps"], o) for fl, o in runs], floor, [x for _, o in runs for x in o]
 
     if "single" in parts:
-        fl = contender("floor", a, tmp / "floor.json")
-        ours = bench_pipeline(a.model, "grpo_single", a, "pipe")
+        pairs, fl, ours = paired("floor", "grpo_single")
         tiny = bench_pipeline("tiny", "grpo_single", a, "pipe_tiny")
         f = fl["steps"]
-        raw_tps, our_tps = rate(f, "generate_tokens", "seconds_generate"), rate(ours, "generate_tokens", "seconds_rollout")
-        floor_train, our_train = rate(f, "train_tokens", "seconds_train"), rate(ours, "train_tokens", "seconds_train")
-        add("rollout stage / raw vLLM, generated tok/s", our_tps, raw_tps, True, ">= 0.9")
-        add("learner / plain torch, trained tok/s", our_train, floor_train, True, ">= 0.9")
-        add("weight sync share of a step", mean(ours, "seconds_sync") / mean(ours, "seconds_step"),
-            mean(f, "seconds_sync") / mean(f, "seconds_step"), False, "<= 3%")
-        add("grpo_single step / hand-written loop, s", mean(ours, "seconds_step"), mean(f, "seconds_step"),
-            True, "<= 1.1")
+        add("rollout stage / raw vLLM, generated tok/s", [(rate(o, "generate_tokens", "seconds_rollout"),
+            rate(x, "generate_tokens", "seconds_generate")) for x, o in pairs], True, ">= 0.9")
+        add("learner / plain torch, trained tok/s", [(rate(o, "train_tokens", "seconds_train"),
+            rate(x, "train_tokens", "seconds_train")) for x, o in pairs], True, ">= 0.9")
+        add("weight sync share of a step", [(mean(o, "seconds_sync") / mean(o, "seconds_step"),
+            mean(x, "seconds_sync") / mean(x, "seconds_step")) for x, o in pairs], False, "<= 3%")
+        add("grpo_single step / hand-written loop, s", [(mean(o, "seconds_step"), mean(x, "seconds_step"))
+            for x, o in pairs], True, "<= 1.1")
         steps += step_table("grpo_single", fl, ours)
         notes.append(f"weight sync, rltf_ray: tiny {mean(tiny, 'seconds_sync'):.2f} s, {a.model} "
                      f"{mean(ours, 'seconds_sync'):.2f} s; hand-written reload_weights {mean(f, 'seconds_sync'):.2f} s")
     if "two_turn" in parts:
-        fl2 = contender("floor2", a, tmp / "floor2.json")
-        ours2 = bench_pipeline(a.model, "rltf_sd", a, "pipe_sd")
+        pairs2, fl2, ours2 = paired("floor2", "rltf_sd")
         f2 = fl2["steps"]
-        add("rltf_sd two-turn step / hand-written loop with a revision turn, s", mean(ours2, "seconds_step"),
-            mean(f2, "seconds_step"), True, "<= 1.15")
+        add("rltf_sd two-turn step / hand-written loop with a revision turn, s",
+            [(mean(o, "seconds_step"), mean(x, "seconds_step")) for x, o in pairs2], True, "<= 1.15")
         steps += step_table("rltf_sd (two turns)", fl2, ours2)
         notes.append(f"generated tokens per two-turn step: hand-written {mean(f2, 'generate_tokens'):.0f}, "
                      f"rltf_ray {mean(ours2, 'generate_tokens'):.0f}; trained tokens: hand-written "
@@ -343,12 +363,13 @@ def main() -> int:
             trl = contender("trl", a, tmp / "trl.json")
             t = mean(trl["steps"], "seconds_step")
             add("grpo_single step / TRL GRPOTrainer step, s",
-                mean(ours, "seconds_step"), t, True, "<= 0.33 (TRL >= 3x slower)")
+                [(mean(ours, "seconds_step"), t)], True, "<= 0.33 (TRL >= 3x slower)")
             steps.append(f"| TRL GRPOTrainer (HF generate) | - | - | - | {t:.1f} | {trl['peak_rss_gb']:.1f} (one process) |")
         except subprocess.CalledProcessError as e:
             print(f"TRL's GRPOTrainer failed (exit {e.returncode}); the TRL row is left out of the table")
     print(f"\n{a.model}: {a.prompts} prompts x {a.n} samples x {a.tokens} new tokens, {a.steps - 1} steps "
-          f"after a warm-up, {os.cpu_count()} cores; rltf_ray overrides: {' '.join(a.overrides) or 'none'}")
+          f"after a warm-up, {a.repeats} repeat(s), {os.cpu_count()} cores; rltf_ray overrides: "
+          f"{' '.join(a.overrides) or 'none'}")
     print("\n".join(table + [""] + steps + [""] + notes))
     return 0
 

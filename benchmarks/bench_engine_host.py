@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from bench_compare import step_prompts  # noqa: E402
 from common import choose  # noqa: E402
 
-MODES = ("main", "logprobs", "thread", "own", "actor")
+MODES = ("main", "logprobs", "flat", "nodetok", "thread", "own", "actor")
 
 
 def one(mode: str, model: str, steps: int) -> list[float]:
@@ -62,7 +62,8 @@ def one(mode: str, model: str, steps: int) -> list[float]:
         kw["logprobs_mode"] = "processed_logprobs"
     pool = ThreadPoolExecutor(1)  # one worker thread, kept for the whole run
     llm = pool.submit(LLM, **kw).result() if mode == "own" else LLM(**kw)
-    sp = SamplingParams(n=4, temperature=1.0, max_tokens=128, logprobs=None if mode == "main" else 0)
+    extra = {"flat": dict(flat_logprobs=True), "nodetok": dict(flat_logprobs=True, detokenize=False)}.get(mode, {})
+    sp = SamplingParams(n=4, temperature=1.0, max_tokens=128, logprobs=None if mode == "main" else 0, **extra)
     out = []
     for b in batches:
         prompts = [TokensPrompt(prompt_token_ids=p) for p in b]
@@ -75,7 +76,8 @@ def one(mode: str, model: str, steps: int) -> list[float]:
     return out
 
 
-def _spin(share: float, period: float = 0.02) -> None:
+def _spin(share: float, nice: int, period: float = 0.02) -> None:
+    os.nice(nice)
     busy = share * period
     while True:
         t = time.perf_counter()
@@ -84,10 +86,10 @@ def _spin(share: float, period: float = 0.02) -> None:
         time.sleep(period - busy)
 
 
-def background(total: float, procs: int = 8) -> list:
+def background(total: float, nice: int = 0, procs: int = 8) -> list:
     import multiprocessing as mp
 
-    out = [mp.Process(target=_spin, args=(total / procs,), daemon=True) for _ in range(procs if total > 0 else 0)]
+    out = [mp.Process(target=_spin, args=(total / procs, nice), daemon=True) for _ in range(procs if total > 0 else 0)]
     for p in out:
         p.start()
     return out
@@ -99,17 +101,20 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--background", default="0", help="comma-separated synthetic loads, in cores")
+    ap.add_argument("--background-nice", type=int, default=0,
+                    help="the synthetic load's niceness (Ray's daemons run at 0, its workers at 15)")
     ap.add_argument("--only", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.only:
         print("SECONDS", " ".join(f"{x:.2f}" for x in one(a.only, a.model, a.steps)))
         return 0
     modes = choose(ap, "--modes", a.modes, MODES)
-    print(f"\n{a.model}: 8 prompts x 4 samples x 128 new tokens, {os.cpu_count()} cores")
+    print(f"\n{a.model}: 8 prompts x 4 samples x 128 new tokens, {os.cpu_count()} cores, "
+          f"background at niceness {a.background_nice}")
     print("| host | background load, cores | seconds per step | mean |\n| --- | --- | --- | --- |")
     for load in [float(x) for x in a.background.split(",")]:
         for mode in modes:
-            spinners = background(load)
+            spinners = background(load, a.background_nice)
             try:
                 got = subprocess.run([sys.executable, __file__, "--model", a.model, "--steps", str(a.steps),
                                       "--only", mode], capture_output=True, text=True)
