@@ -1,5 +1,5 @@
 """Where an engine's generation time goes: the same vLLM generation of the same prompts,
-hosted five ways (each mode in a process of its own, one after another).
+hosted several ways (each mode in a process of its own, one after another).
 
     .venv/bin/python benchmarks/bench_engine_host.py [--model smollm2] [--steps 3] [--modes main,logprobs,thread,own,actor]
 
@@ -9,7 +9,9 @@ logprobs  as main, plus the sampled tokens' log-probs under processed_logprobs (
 thread    as logprobs, built in the main thread, called from a worker thread (a threaded
           Ray actor runs its methods on pool threads so);
 own       as logprobs, built and called from one worker thread (what `VLLMThread` does);
-actor     rltf_ray's PolicyEngine as a Ray actor, as the pipeline starts it (no pipeline).
+actor     rltf_ray's PolicyEngine as a Ray actor, as the pipeline starts it (no pipeline);
+actor_arena2  as actor, in a Ray whose job environment sets MALLOC_ARENA_MAX=2 (as
+          `pipelines/run.py`'s embedded Ray does, for the learner's memory).
 Prints seconds per step for the same prompts and seeds (bench_compare's first 8 x 4 x 128).
 
 --background runs each mode again beside a synthetic load of that many cores' worth of CPU,
@@ -32,32 +34,33 @@ sys.path.insert(0, str(ROOT))
 from bench_compare import step_prompts  # noqa: E402
 from common import choose  # noqa: E402
 
-MODES = ("main", "logprobs", "flat", "nodetok", "thread", "own", "actor")
+MODES = ("main", "logprobs", "flat", "nodetok", "thread", "own", "actor", "actor_arena2")
 
 
 def one(mode: str, model: str, steps: int) -> list[float]:
     from rltf_ray.chat import load_tokenizer
     from rltf_ray.config import EngineConfig
-    from rltf_ray.models import resolve_model
+    from rltf_ray.models import resolve_dtype, resolve_model
     from rltf_ray.stages.engine import PolicyEngine, engine_env
 
-    path = resolve_model(model)
+    path, dtype = resolve_model(model), resolve_dtype("auto", False)  # what the pipeline's engines use here
     cfg = EngineConfig(num_engines=1, max_model_len=1024, kv_cache_gib=2)
     batches = [[p for p, _, _ in b] for b in step_prompts(load_tokenizer(path), steps, 8)]
-    if mode == "actor":
+    if mode.startswith("actor"):
         import ray
 
-        ray.init(num_cpus=4, include_dashboard=False)
+        job_env = {"env_vars": {"MALLOC_ARENA_MAX": "2"}} if mode == "actor_arena2" else None
+        ray.init(num_cpus=4, include_dashboard=False, runtime_env=job_env)
         engine = ray.remote(PolicyEngine).options(max_concurrency=4, num_cpus=1,
                                                   runtime_env={"env_vars": engine_env(cfg, False)})
-        e = engine.remote(path, cfg, "float32", 0)
+        e = engine.remote(path, cfg, dtype, 0)
         ray.get(e.ready.remote())
         return [ray.get(e.generate.remote(b, 4, 1.0, 1.0, 128))["seconds"] for b in batches]
     os.environ.update(engine_env(cfg, False))
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    kw = dict(model=path, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0)
+    kw = dict(model=path, dtype=dtype, enforce_eager=True, max_model_len=1024, seed=0)
     if mode != "main":
         kw["logprobs_mode"] = "processed_logprobs"
     pool = ThreadPoolExecutor(1)  # one worker thread, kept for the whole run
@@ -109,7 +112,10 @@ def main() -> int:
         print("SECONDS", " ".join(f"{x:.2f}" for x in one(a.only, a.model, a.steps)))
         return 0
     modes = choose(ap, "--modes", a.modes, MODES)
+    from rltf_ray.models import resolve_dtype
+
     print(f"\n{a.model}: 8 prompts x 4 samples x 128 new tokens, {os.cpu_count()} cores, "
+          f"{resolve_dtype('auto', False)}, "
           f"background at niceness {a.background_nice}")
     print("| host | background load, cores | seconds per step | mean |\n| --- | --- | --- | --- |")
     for load in [float(x) for x in a.background.split(",")]:
