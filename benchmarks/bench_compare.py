@@ -321,7 +321,9 @@ def main() -> int:
         """A row of means over the repeats' (ours, floor) pairs; with `ratio`, the mean of each
         repeat's ours / floor, and each of them ("-" where a floor is 0: nothing to compare)."""
         rs = [o / f for o, f in pairs if f] if ratio else []
-        r = f"{sum(rs) / len(rs):.2f}" + (f" ({', '.join(f'{x:.2f}' for x in rs)})" if len(rs) > 1 else "") if rs else "-"
+        r = f"{sum(rs) / len(rs):.2f}" if rs else "-"
+        if len(rs) > 1:
+            r += f" ({', '.join(f'{x:.2f}' for x in rs)})"
         table.append(f"| {name} | {sum(o for o, _ in pairs) / len(pairs):.3g} | "
                      f"{sum(f for _, f in pairs) / len(pairs):.3g} | {r} | {target} |")
 

@@ -1,11 +1,13 @@
 """Where an engine's generation time goes: the same vLLM generation of the same prompts,
 hosted several ways (each mode in a process of its own, one after another).
 
-    .venv/bin/python benchmarks/bench_engine_host.py [--model smollm2] [--steps 3] [--modes main,logprobs,thread,own,actor]
+    .venv/bin/python benchmarks/bench_engine_host.py [--model smollm2] [--steps 3] [--modes main,logprobs,flat,nodetok,thread,own,actor,actor_arena2]
 
 main      `LLM.generate` in the process's main thread (bench_compare's raw-vLLM floor);
 logprobs  as main, plus the sampled tokens' log-probs under processed_logprobs (what the
           importance ratio needs, and what rltf_ray's engines ask for);
+flat      as logprobs, with `flat_logprobs=True` (one flat container, fewer Python objects);
+nodetok   as flat, with `detokenize=False` (no text, no decoded log-prob tokens);
 thread    as logprobs, built in the main thread, called from a worker thread (a threaded
           Ray actor runs its methods on pool threads so);
 own       as logprobs, built and called from one worker thread (what `VLLMThread` does);
