@@ -51,11 +51,18 @@ class StepBroker:
         return self.start
 
     async def keep_weights(self, slot: str, refs: list, version: int) -> None:
-        """The latest weights pushed to a model's engines (`slot`: actor or critic), held by
-        reference so that an engine Ray restarts loads them before it serves again."""
-        self.weights[slot] = (refs, version)
+        """The latest weights pushed to a model's engines (`slot`: actor or critic), kept so
+        that an engine Ray restarts loads them before it serves again.
+
+        Kept as the fetched payload, not as its reference: the reference is owned by the
+        training worker that put it, and once that worker exits (Ray Train shuts the group
+        down after the last step, or a failure kills it) the object is lost with its owner.
+        The fetched numpy arrays are zero-copy views that pin the object store's memory for
+        as long as they live, whoever owned the object."""
+        self.weights[slot] = (await refs[0], version)
 
     async def latest_weights(self, slot: str):
+        """(payload, version), or None before the first push."""
         return self.weights.get(slot)
 
     async def stats(self) -> dict:

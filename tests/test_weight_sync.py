@@ -1,10 +1,13 @@
 """The object-store weight payload: exact round trips, and bytes that travel out of band."""
+import os
 import pickle
+import signal
+import time
 
 import pytest
 import torch
 
-from rltf_ray.weight_sync.object_store import pack, unpack
+from rltf_ray.weight_sync.object_store import ObjectStoreSync, pack, unpack
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -47,3 +50,38 @@ def test_tied_weights_travel_once_and_arrive_under_both_names():
     for (_, src), (_, t) in zip(named, got):
         assert torch.equal(t, src.to(torch.bfloat16))
     assert dict(got)["lm_head.weight"] is dict(got)["embed.weight"]
+
+
+@pytest.mark.integration
+def test_kept_weights_outlive_the_training_worker_that_pushed_them():
+    """Ray Train shuts its workers down after the last step, and a failure kills them; an
+    engine that Ray restarts after that still loads the last pushed weights from the broker
+    (PolicyEngine._restore), although the worker that put them into the object store is gone."""
+    import ray
+
+    from rltf_ray.broker import StepBroker
+
+    @ray.remote(num_cpus=0)
+    class Pusher:
+        def push(self, named, version):
+            ObjectStoreSync(torch.bfloat16, ("weights-broker", "actor")).push(named, version)
+            return os.getpid()
+
+    torch.manual_seed(0)
+    emb = torch.randn(6, 4)
+    named = [("embed.weight", emb), ("norm.weight", torch.randn(4)), ("lm_head.weight", emb)]
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        broker = StepBroker.options(name="weights-broker").remote()
+        pusher = Pusher.remote()
+        os.kill(ray.get(pusher.push.remote(named, 3)), signal.SIGKILL)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(pusher.push.remote(named, 4))
+        time.sleep(3)  # Ray frees a dead owner's objects asynchronously; kept references then fail
+        payload, version = ray.get(broker.latest_weights.remote("actor"))
+        got = dict(unpack(payload))
+        assert version == 3 and list(got) == [n for n, _ in named]
+        for name, t in named:
+            assert torch.equal(got[name], t.to(torch.bfloat16))
+    finally:
+        ray.shutdown()

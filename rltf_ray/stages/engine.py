@@ -94,8 +94,8 @@ class PolicyEngine:
         that no rollout comes from the base model by mistake."""
         latest = ray.get(ray.get_actor(broker_name).latest_weights.remote(slot))
         if latest is not None:  # None: nothing was pushed yet, the base model is current
-            refs, version = latest
-            self.load_weights(ray.get(refs[0]), version)
+            payload, version = latest
+            self.load_weights(payload, version)
 
     def ready(self) -> int:
         return self.version
