@@ -61,6 +61,10 @@ class EngineConfig:
     # behind Ray's daemons on a small CPU node, but 0 did not measurably shorten a step there
     # (docs/benchmarks.md, session 11). 0..19: a lower value needs privileges.
     nice: int | None = None
+    # Run the engine's threads under SCHED_RR (rltf_ray/realtime.py): on a small CPU node
+    # Ray's own processes otherwise cost generation far more than the CPU they take. Needs
+    # CAP_SYS_NICE or `ulimit -r` >= 1 on the engine's node; CPU engines only.
+    realtime: bool = False
 
     def __post_init__(self):
         if self.block_size is not None and (self.block_size < 16 or self.block_size % 16):
@@ -146,6 +150,9 @@ class TrainerConfig:
     # LoRA through peft: {rank: 32, alpha: 32, target_modules: [q_proj, ...]}; {} = full
     # fine-tune. Only the adapters train; the engines get the merged weights.
     lora: dict = field(default_factory=dict)
+    # Run the training workers' threads under SCHED_RR (rltf_ray/realtime.py), as
+    # engine.realtime does for the engines; needs CAP_SYS_NICE or `ulimit -r` >= 1.
+    realtime: bool = False
 
     def __post_init__(self):
         if self.lora:

@@ -23,6 +23,8 @@ from rltf_ray.config import Config, config_from_dict
 from rltf_ray.objectives import (MAX_KEYS, RL_TERMS, SUM_KEYS, TERMS, Example, build_critic_examples,
                                  build_examples, micro_loss, mismatch_sums, sequence_logprobs,
                                  step_normalisers)
+from rltf_ray.realtime import make_realtime
+
 
 def shard_examples(examples: list[Example], rank: int, world: int) -> list[Example]:
     """Longest-first round robin, so every rank gets a similar number of tokens."""
@@ -362,6 +364,8 @@ def train_loop(config: dict) -> None:
     model_path = config["model_path"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    if cfg.trainer.realtime:  # before torch starts its OpenMP pool, which inherits the policy
+        make_realtime("trainer")
     torch.manual_seed(cfg.run.seed + rank)
     torch.set_num_threads(cfg.trainer.cpu_threads_per_worker)
     # The shm comm op would JIT-compile for ~60 s on first use; gloo is enough on CPU.

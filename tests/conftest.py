@@ -58,3 +58,13 @@ def shared_ray():
     yield
     serve.shutdown()
     ray.shutdown()
+
+
+@pytest.fixture
+def needs_realtime():
+    """Skip where this process may not take SCHED_RR (no CAP_SYS_NICE, `ulimit -r` 0)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+    except PermissionError:
+        pytest.skip("this machine gives the tests no CAP_SYS_NICE / RLIMIT_RTPRIO")
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))

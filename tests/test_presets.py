@@ -178,3 +178,54 @@ def test_async_overlap_keeps_the_staleness_bound_and_evaluates_exact_versions(sh
     assert [m["engine_version_lag"] for m in lines] == [s - min(v) for s, v in enumerate(versions)]
     assert lines[2]["eval"]["version"] == 3 and "eval" not in lines[1]
     assert all(math.isfinite(m["loss"]) for m in lines)
+
+
+def realtime_threads(class_part: str) -> list[int]:
+    """Per live Ray worker process whose title names `class_part`: its SCHED_RR threads."""
+    import os
+
+    counts = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            title = open(f"/proc/{pid}/cmdline").read()
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        if title.startswith("ray::") and class_part in title:
+            counts.append(sum(1 for t in tids if sched_policy(int(t)) == os.SCHED_RR))
+    return counts
+
+
+def sched_policy(tid: int) -> int | None:
+    import os
+
+    try:
+        return os.sched_getscheduler(tid)
+    except ProcessLookupError:
+        return None
+
+
+def test_realtime_engine_and_trainer_threads_run_under_sched_rr(needs_realtime, shared_ray, tmp_path,
+                                                               tiny_path):
+    """engine.realtime and trainer.realtime: the engine's and each training worker's threads
+    (vLLM's and torch's compute threads among them) run under SCHED_RR through a real step."""
+    import time
+
+    cfg = load_config("pipelines/configs/tiny.yaml",
+                      [f"run.output_dir={tmp_path}", "run.steps=1", "run.eval_before_after=false",
+                       "run.serve_http_port=8147", "pipeline.first_turn.max_tokens=8",
+                       "engine.realtime=true", "trainer.realtime=true"])
+    pipe = Pipeline(cfg)
+    pipe.start()
+    try:
+        deadline = time.time() + 180  # the training workers enter train_loop after start()
+        while time.time() < deadline and not (len(realtime_threads("TrainWorker")) == 2
+                                              and min(realtime_threads("TrainWorker")) >= 2):
+            time.sleep(1)
+        trainers, engines = realtime_threads("TrainWorker"), realtime_threads("PolicyEngine")
+        summary = pipe.train()
+    finally:
+        pipe.stop()
+    assert len(trainers) == 2 and min(trainers) >= 2, trainers  # main thread + train_loop's (+ OpenMP)
+    assert len(engines) == 1 and engines[0] >= 3, engines  # main, vLLM's thread, its OpenMP partner
+    assert summary["engine_versions"] == [1]

@@ -17,6 +17,7 @@ import ray
 
 from rltf_ray.config import EngineConfig
 from rltf_ray.metrics import peak_rss_gb
+from rltf_ray.realtime import make_realtime
 
 
 
@@ -72,6 +73,8 @@ class PolicyEngine:
             from vllm import LLM
         except ImportError as e:  # never swap engines silently
             raise RuntimeError(_install_hint()) from e
+        if cfg.realtime and not use_gpu:  # before vLLM's thread and its OpenMP pool start
+            make_realtime("engine")
         # processed_logprobs: the returned log-prob of a sampled token is taken after
         # temperature (and top-p/top-k), i.e. under the distribution that drew it -- the
         # behaviour policy the trainer's ratio needs. vLLM's default is the raw T=1 one.
