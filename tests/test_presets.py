@@ -219,10 +219,11 @@ def test_realtime_engine_and_trainer_threads_run_under_sched_rr(needs_realtime, 
     pipe.start()
     try:
         deadline = time.time() + 180  # the training workers enter train_loop after start()
-        while time.time() < deadline and not (len(realtime_threads("TrainWorker")) == 2
-                                              and min(realtime_threads("TrainWorker")) >= 2):
+        trainers = realtime_threads("TrainWorker")
+        while time.time() < deadline and not (len(trainers) == 2 and min(trainers) >= 2):
             time.sleep(1)
-        trainers, engines = realtime_threads("TrainWorker"), realtime_threads("PolicyEngine")
+            trainers = realtime_threads("TrainWorker")
+        engines = realtime_threads("PolicyEngine")
         summary = pipe.train()
     finally:
         pipe.stop()
