@@ -23,6 +23,7 @@ class StepBroker:
         self.start: int | None = None
         self.restarts = -1  # set_start is called once per (re)start of the worker group
         self.weights: dict[str, tuple[list, int]] = {}
+        self.closed = False
 
     def _event(self, kind: str, step: int) -> asyncio.Event:
         return self.events.setdefault((kind, step), asyncio.Event())
@@ -36,8 +37,19 @@ class StepBroker:
             del self.steps[old]
 
     async def get_step(self, step: int) -> list | None:
-        await self._event("step", step).wait()
-        return self.steps[step]
+        """The step's rollouts, once the driver has put them; None if the driver closed the
+        broker first (it stopped the run), which ends the training loop."""
+        if not self.closed:
+            await self._event("step", step).wait()
+        return self.steps.get(step)
+
+    async def close(self) -> None:
+        """No more steps will come: wake the workers waiting for one. Every worker sees the
+        same answer for a step, since a step put before this stays until a checkpoint covers it."""
+        self.closed = True
+        for (kind, _), event in self.events.items():
+            if kind == "step":
+                event.set()
 
     async def set_start(self, step: int) -> None:
         self.start, self.restarts = step, self.restarts + 1

@@ -23,6 +23,7 @@ from rltf_ray.tasks import get_task
 
 
 LEARNER = "rltf-learner"  # the Ray Train run's name (its checkpoints live under storage_path/LEARNER)
+STOP_WAIT_S = 120  # how long stop() and the end of a run wait for the trainer to finish
 
 
 def _log(msg: str) -> None:
@@ -223,9 +224,19 @@ class Pipeline:
             self.fit_error = e
 
     def stop(self) -> None:
+        """End what start() started. A trainer still waiting for steps (the run failed, or the
+        caller stopped it early) is told that none will come and is waited for first, so its
+        workers do not outlive the run on a Ray that outlives it (a cluster, a notebook)."""
         import ray
         from ray import serve
 
+        fit = getattr(self, "fit_thread", None)
+        if fit is not None and fit.is_alive():
+            self.broker.close.remote()
+            fit.join(timeout=STOP_WAIT_S)
+            if fit.is_alive():
+                _log(f"the trainer did not stop within {STOP_WAIT_S} s of the end of the run; its "
+                     "workers stay until Ray Train gives up on them or Ray shuts down")
         for e in getattr(self, "engines", []) + getattr(self, "critic_engines", []):
             ray.kill(e)
         if getattr(self, "deployed_critic", False):
@@ -422,7 +433,7 @@ class Pipeline:
         while pending:
             record(self.finish(pending.popleft()))
         tracker.close()
-        self.fit_thread.join(timeout=120)
+        self.fit_thread.join(timeout=STOP_WAIT_S)
         if self.fit_error is not None:
             raise RuntimeError(f"the trainer failed at the end of the run: {self.fit_error!r}")
         if run.eval_before_after and "before" in summary:

@@ -397,6 +397,8 @@ def train_loop(config: dict) -> None:
         ray.get(broker.set_start.remote(start))
     for step in range(start, cfg.run.steps):
         got = ray.get(broker.get_step.remote(step))
+        if got is None:  # the driver stopped the run before this step (an error, or stop())
+            break
         rows = ray.get(got[0])
         metrics: dict = {"step": step, "seconds_train": 0.0, "seconds_sync": 0.0, "seconds_checkpoint": 0.0}
         states = {}

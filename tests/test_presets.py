@@ -1,6 +1,7 @@
 """Every objective preset runs one RL step end to end on the tiny model (one Ray for all)."""
 import json
 import math
+import time
 
 import pytest
 import ray
@@ -89,6 +90,12 @@ def test_a_failing_critic_stops_the_run_with_its_error(shared_ray, tmp_path, tin
         one_step(tmp_path, 8144, "pipeline.critic.critic=openai", f"pipeline.critic.base_url=http://127.0.0.1:{port}/v1",
                  "pipeline.critic.model=m", "pipeline.critic.retries=0", "pipeline.critic.timeout_s=5")
     assert not (tmp_path / "checkpoints" / "step_1").exists()
+    # stop() ended the trainer that was waiting for step 0: no training worker outlives the run
+    # on this shared Ray (Ray reaps an exited actor's process within seconds)
+    deadline = time.time() + 60
+    while ray_worker_threads("TrainWorker") and time.time() < deadline:
+        time.sleep(1)
+    assert not ray_worker_threads("TrainWorker")
 
 
 def test_three_turns_run_two_critique_rounds(shared_ray, tmp_path, tiny_path):
@@ -180,11 +187,11 @@ def test_async_overlap_keeps_the_staleness_bound_and_evaluates_exact_versions(sh
     assert all(math.isfinite(m["loss"]) for m in lines)
 
 
-def realtime_threads(class_part: str) -> list[int]:
-    """Per live Ray worker process whose title names `class_part`: its SCHED_RR threads."""
+def ray_worker_threads(class_part: str) -> dict[int, list[int]]:
+    """Live Ray worker processes whose title names `class_part`: pid -> its thread ids."""
     import os
 
-    counts = []
+    found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             title = open(f"/proc/{pid}/cmdline").read()
@@ -192,8 +199,16 @@ def realtime_threads(class_part: str) -> list[int]:
         except OSError:
             continue
         if title.startswith("ray::") and class_part in title:
-            counts.append(sum(1 for t in tids if sched_policy(int(t)) == os.SCHED_RR))
-    return counts
+            found[int(pid)] = [int(t) for t in tids]
+    return found
+
+
+def realtime_threads(class_part: str, skip: set[int]) -> list[int]:
+    """Per such process not in `skip`: how many of its threads run under SCHED_RR."""
+    import os
+
+    return [sum(1 for t in tids if sched_policy(t) == os.SCHED_RR)
+            for pid, tids in ray_worker_threads(class_part).items() if pid not in skip]
 
 
 def sched_policy(tid: int) -> int | None:
@@ -209,21 +224,20 @@ def test_realtime_engine_and_trainer_threads_run_under_sched_rr(needs_realtime, 
                                                                tiny_path):
     """engine.realtime and trainer.realtime: the engine's and each training worker's threads
     (vLLM's and torch's compute threads among them) run under SCHED_RR through a real step."""
-    import time
-
     cfg = load_config("pipelines/configs/tiny.yaml",
                       [f"run.output_dir={tmp_path}", "run.steps=1", "run.eval_before_after=false",
                        "run.serve_http_port=8147", "pipeline.first_turn.max_tokens=8",
                        "engine.realtime=true", "trainer.realtime=true"])
     pipe = Pipeline(cfg)
+    earlier = set(ray_worker_threads("TrainWorker")) | set(ray_worker_threads("PolicyEngine"))
     pipe.start()
     try:
         deadline = time.time() + 180  # the training workers enter train_loop after start()
-        trainers = realtime_threads("TrainWorker")
+        trainers = realtime_threads("TrainWorker", earlier)
         while time.time() < deadline and not (len(trainers) == 2 and min(trainers) >= 2):
             time.sleep(1)
-            trainers = realtime_threads("TrainWorker")
-        engines = realtime_threads("PolicyEngine")
+            trainers = realtime_threads("TrainWorker", earlier)
+        engines = realtime_threads("PolicyEngine", earlier)
         summary = pipe.train()
     finally:
         pipe.stop()
