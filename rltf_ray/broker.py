@@ -21,6 +21,7 @@ class StepBroker:
         self.results: dict[int, dict] = {}
         self.events: dict[tuple[str, int], asyncio.Event] = {}
         self.start: int | None = None
+        self.recent: list[dict] = []
         self.restarts = -1  # set_start is called once per (re)start of the worker group
         self.weights: dict[str, tuple[list, int]] = {}
         self.closed = False
@@ -51,9 +52,13 @@ class StepBroker:
             if kind == "step":
                 event.set()
 
-    async def set_start(self, step: int) -> None:
-        self.start, self.restarts = step, self.restarts + 1
+    async def set_start(self, step: int, recent: list[dict]) -> None:
+        """`recent`: the restored checkpoint's training metrics of the steps before `step`."""
+        self.start, self.recent, self.restarts = step, recent, self.restarts + 1
         self._event("start", 0).set()
+
+    async def restored_metrics(self) -> list[dict]:
+        return self.recent
 
     async def get_start(self, timeout_s: float) -> int | None:
         try:

@@ -75,6 +75,18 @@ def init_ray(cfg: Config) -> bool:
     return True
 
 
+def read_rows(path: Path) -> list[dict]:
+    """A metrics.jsonl's rows; a line cut short by a killed driver is dropped (resume rebuilds
+    or reports the step it held)."""
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
 class Pipeline:
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -346,9 +358,19 @@ class Pipeline:
             return summary
         _log(f"resuming at step {start + 1} (policy version "
              f"{ray.get(self.engines[0].ready.remote())}, restored from the last checkpoint)")
-        kept = [x for x in (mpath.read_text().splitlines() if mpath.exists() else [])
-                if x.strip() and json.loads(x)["step"] < start]
-        mpath.write_text("".join(x + "\n" for x in kept))
+        rows = {r["step"]: r for r in read_rows(mpath) if r["step"] < start}
+        for train in ray.get(self.broker.restored_metrics.remote()):
+            s = train["step"]
+            rollouts = self.out / "rollouts" / f"step_{s}.parquet"
+            if s not in rows and rollouts.exists():  # killed after the checkpoint, before the row
+                rows[s] = {**self.metrics_row(pq.read_table(rollouts), train), "recovered": True}
+                _log(f"step {s + 1}'s metrics row, lost with the previous driver, rebuilt from the "
+                     "checkpoint and rollouts/ (no timings of the driver's part)")
+        lost = sorted(set(range(start)) - set(rows))
+        if lost:
+            _log(f"WARNING: the metrics rows of steps {[s + 1 for s in lost]} are lost (trained, "
+                 "checkpointed, but neither in metrics.jsonl nor in the checkpoint)")
+        mpath.write_text("".join(json.dumps(rows[s]) + "\n" for s in sorted(rows)))
         return {"before": json.loads(before.read_text())} if before.exists() else {}
 
     def launch(self, step: int) -> dict:
@@ -372,22 +394,25 @@ class Pipeline:
         every = self.cfg.run.eval_every
         return bool(every) and (step + 1) % every == 0
 
+    def metrics_row(self, table: pa.Table, train: dict) -> dict:
+        """A step's metrics row from its rollouts and the trainer's metrics of it."""
+        learned = self.critic_params.critic == "learned"
+        row = {**M.rollout_metrics(table, self.cfg.run, self.cfg.binac if learned else None), **train,
+               "samples_seen": (train["step"] + 1) * table.num_rows, "bad_prompt_rows": len(self.source.bad_rows),
+               "prompt_ids": list(dict.fromkeys(table.column("prompt_id").to_pylist()))}
+        row["engine_version_lag"] = (row["policy_version"] - int(row.get("actor_trained", True))
+                                     - row["policy_version_rollout"])  # 0: strictly on-policy
+        return row
+
     def finish(self, launched: dict) -> dict:
         """Wait until the learner has trained a launched step; the step's metrics row, with a
         held-out evaluation every `run.eval_every`."""
         import ray
 
         run, step, table = self.cfg.run, launched["step"], launched["table"]
-        train = self.wait_result(step)
-        learned = self.critic_params.critic == "learned"
-        row = {**M.rollout_metrics(table, run, self.cfg.binac if learned else None), **train,
-               "seconds_rollout": launched["seconds_rollout"],
+        row = {**self.metrics_row(table, self.wait_result(step)), "seconds_rollout": launched["seconds_rollout"],
                "seconds_step": time.perf_counter() - launched["t0"], "finished_at": time.time(),
-               "samples_seen": (step + 1) * table.num_rows, "bad_prompt_rows": len(self.source.bad_rows),
-               "prompt_ids": list(dict.fromkeys(table.column("prompt_id").to_pylist()))}
-        row["engine_peak_rss_gb"] = max(ray.get([e.peak_rss_gb.remote() for e in self.engines]))
-        row["engine_version_lag"] = (row["policy_version"] - int(row.get("actor_trained", True))
-                                     - row["policy_version_rollout"])  # 0: strictly on-policy
+               "engine_peak_rss_gb": max(ray.get([e.peak_rss_gb.remote() for e in self.engines]))}
         if self.evaluates_at(step):
             # the engines already hold the step's weights; at the last step this evaluation
             # is the "after" one, so it runs every measure and is not repeated

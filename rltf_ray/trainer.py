@@ -10,6 +10,7 @@ run continues.
 """
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -305,10 +306,12 @@ class Learner:
         tokenizer.save_pretrained(path)
 
 
-def save_train_state(tmp: str, step: int, actor: Learner, critic: Learner | None, rank: int) -> None:
+def save_train_state(tmp: str, step: int, actor: Learner, critic: Learner | None, rank: int,
+                     recent: list[dict]) -> None:
     """Everything a resumed run needs, in this rank's share of a Ray Train checkpoint: the
     DeepSpeed checkpoints (weights and optimizer state) of the actor and the critic, this
-    rank's RNG states, and (rank 0) the step and versions."""
+    rank's RNG states, and (rank 0) the step, the versions and the `recent` steps' training
+    metrics (a driver killed before it wrote their metrics rows gets them back on resume)."""
     import random
 
     import numpy as np
@@ -322,11 +325,12 @@ def save_train_state(tmp: str, step: int, actor: Learner, critic: Learner | None
     if rank == 0:
         with open(os.path.join(tmp, "state.json"), "w") as f:
             json.dump({"step": step, "policy_version": actor.version,
-                       "critic_version": critic.version if critic else 0}, f)
+                       "critic_version": critic.version if critic else 0, "recent_metrics": recent}, f)
 
 
-def load_train_state(ckpt, actor: Learner, critic: Learner | None, rank: int) -> int:
-    """Restore from a Ray Train checkpoint; returns the first step still to train."""
+def load_train_state(ckpt, actor: Learner, critic: Learner | None, rank: int) -> tuple[int, list[dict]]:
+    """Restore from a Ray Train checkpoint: the first step still to train, and the training
+    metrics of the steps just before it (`save_train_state`'s `recent`)."""
     import random
 
     import torch
@@ -348,7 +352,7 @@ def load_train_state(ckpt, actor: Learner, critic: Learner | None, rank: int) ->
     actor.version = state["policy_version"]
     if critic is not None:
         critic.version = state["critic_version"]
-    return int(state["step"])
+    return int(state["step"]), state.get("recent_metrics", [])
 
 
 def train_loop(config: dict) -> None:
@@ -386,15 +390,19 @@ def train_loop(config: dict) -> None:
     if cfg.loss.kl_coef > 0:  # only then is the frozen reference loaded at all
         ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         ref_model.to(next(actor.engine.module.parameters()).device)
-    start = 0
+    start, recent = 0, []
     ckpt = ray.train.get_checkpoint()  # after a worker crash, or a resumed run
     if ckpt is not None:
-        start = load_train_state(ckpt, actor, critic, rank)
+        start, recent = load_train_state(ckpt, actor, critic, rank)
         actor.push(bump=False)  # the engines serve the restored weights before any rollout
         if critic is not None:
             critic.push(bump=False)
     if rank == 0:
-        ray.get(broker.set_start.remote(start))
+        ray.get(broker.set_start.remote(start, recent))
+    # The driver writes a step's metrics row after the step's checkpoint; with k steps in
+    # flight (run.max_staleness) the last k + 1 rows a checkpoint covers may not be written
+    # yet, so the checkpoint carries them.
+    recent = collections.deque(recent, maxlen=cfg.run.max_staleness + 1)
     for step in range(start, cfg.run.steps):
         got = ray.get(broker.get_step.remote(step))
         if got is None:  # the driver stopped the run before this step (an error, or stop())
@@ -420,6 +428,7 @@ def train_loop(config: dict) -> None:
         if binac is not None:
             metrics.update({"critic_version": critic.version if critic else 0,
                             "critic_trained": "loss_critic" in metrics})
+        recent.append(dict(metrics))
         last = step == cfg.run.steps - 1
         every = cfg.run.checkpoint_every
         if last or (every and (step + 1) % every == 0):
@@ -435,7 +444,7 @@ def train_loop(config: dict) -> None:
                     critic.save(os.path.join(path, "critic"), cstate, critic_tok)
             states.clear()
             with tempfile.TemporaryDirectory() as tmp:
-                save_train_state(tmp, step + 1, actor, critic, rank)
+                save_train_state(tmp, step + 1, actor, critic, rank, list(recent))
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
             if rank == 0:
                 # The controller registers a report when it next polls the workers; a worker
