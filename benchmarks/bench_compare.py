@@ -141,26 +141,58 @@ def two_turn_examples(batch, outs, outs1, revised, r0, r1) -> list[tuple[list[in
     return seqs
 
 
+def in_process_llm(model: str):
+    """(model path, a vLLM engine in this process): the floors' engine, seeded as rltf_ray's
+    (run.seed 0), so that the same weights sample the same tokens in both."""
+    os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="2",
+                      VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 1) - 1}")
+    from vllm import LLM
+
+    from rltf_ray.models import resolve_dtype, resolve_model
+
+    path = resolve_model(model)
+    return path, LLM(model=path, dtype=resolve_dtype("auto", False), enforce_eager=True, max_model_len=1024, seed=0)
+
+
+def raw_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: str,
+             logprobs: int | None = None) -> None:
+    """Raw vLLM alone: each step's prompts in one `LLM.generate`, nothing trained (the floor of
+    `--parts rollout`, whose rltf_ray run trains at lr 0: both sample from the base weights).
+    `logprobs=0` also returns each sampled token's log-prob, as rltf_ray's engine must (the
+    trainer's off-policy correction); it does not change what is sampled."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from rltf_ray.chat import load_tokenizer
+
+    path, llm = in_process_llm(model)
+    sp = SamplingParams(n=n, temperature=1.0, max_tokens=tokens, logprobs=logprobs)
+    rows = []
+    for step, batch in enumerate(step_prompts(load_tokenizer(path), steps, prompts)):
+        t0 = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p, _, _ in batch], sp, use_tqdm=False)
+        rows.append({"step": step, "seconds_generate": time.perf_counter() - t0,
+                     "generate_tokens": sum(len(c.token_ids) for o in outs for c in o.outputs)})
+        llm.reset_prefix_cache()  # as rltf_ray's engine after each weight load
+    Path(out).write_text(json.dumps({"steps": rows, "peak_rss_gb": peak_rss_gb()}))
+
+
 def floor_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: str,
                two_turn: bool = False, micro_batch: int = 2) -> None:
     """The hand-written loop (runs in its own process: vLLM in process, then torch); with
     `two_turn`, a revision turn and rltf_sd's three terms. It trains in micro-batches of
     rltf_ray's own size (trainer.micro_batch_size): on this CPU a micro-batch of 8 trains
     20-30% slower per token than one of 2, so any other size compares two geometries."""
-    os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="2",
-                      VLLM_CPU_OMP_THREADS_BIND=f"0-{(os.cpu_count() or 1) - 1}")
     import torch
     from transformers import AutoModelForCausalLM
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from rltf_ray import losses
     from rltf_ray.chat import encode, load_tokenizer, revision_messages
-    from rltf_ray.models import resolve_dtype, resolve_model
 
-    path = resolve_model(model)
+    path, llm = in_process_llm(model)
     task, tok, template = arithmetic(), load_tokenizer(path), revision_template()
-    llm = LLM(model=path, dtype=resolve_dtype("auto", False), enforce_eager=True, max_model_len=1024, seed=0)
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     opt = torch.optim.AdamW(policy.parameters(), lr=5e-6)
     sp = SamplingParams(n=n, temperature=1.0, max_tokens=tokens)
@@ -239,7 +271,8 @@ def parse_sized(ap: argparse.ArgumentParser) -> argparse.Namespace:
     return a
 
 
-def bench_pipeline(model: str, preset: str, a, out: str, env: dict | None = None) -> list[dict]:
+def bench_pipeline(model: str, preset: str, a, out: str, env: dict | None = None,
+                   extra: tuple[str, ...] = ()) -> list[dict]:
     """rltf_ray on the demo config with the benchmark's sizes; its metrics rows, warm-up dropped.
     A step's seconds leave out the run's final checkpoint (written in the last step: 9 s for
     SmolLM2), which the hand-written loop and TRL (save_strategy "no") do not write."""
@@ -247,7 +280,7 @@ def bench_pipeline(model: str, preset: str, a, out: str, env: dict | None = None
         f"model.path={model}", f"run.steps={a.steps}", f"pipeline.prompts.prompts_per_step={a.prompts}",
         f"pipeline.first_turn.n={a.n}", f"pipeline.first_turn.max_tokens={a.tokens}",
         "pipeline.first_turn.temperature=1.0", f"pipeline.revision.max_tokens={a.tokens}",
-        "pipeline.revision.temperature=1.0", *a.overrides], preset=preset, prefix=f"rltf_bench_{out}_", quiet=True, env=env)[1:]
+        "pipeline.revision.temperature=1.0", *a.overrides, *extra], preset=preset, prefix=f"rltf_bench_{out}_", quiet=True, env=env)[1:]
     return [{**r, "seconds_step": r["seconds_step"] - r["seconds_checkpoint"]} for r in rows]
 
 
@@ -293,21 +326,23 @@ def step_table(label: str, fl: dict, ours: list[dict]) -> list[str]:
 
 def main() -> int:
     ap = sized_parser(__doc__, steps=4)
-    ap.add_argument("--parts", default="single,two_turn,trl",
-                    help="comma list of single (grpo_single), two_turn (rltf_sd), trl")
+    ap.add_argument("--parts", default="single,two_turn,trl,rollout",
+                    help="comma list of single (grpo_single), two_turn (rltf_sd), trl, rollout "
+                         "(the rollout stage against raw vLLM at equal work: nothing learns)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run each floor and rltf_ray this many times, alternating; the ratio is each pair's, averaged")
     ap.add_argument("--only", nargs=2, metavar=("WHICH", "OUT"), help=argparse.SUPPRESS)
     a = parse_sized(ap)
     if a.only:
         mb = demo_config(*a.overrides).trainer.micro_batch_size
-        run = {"floor": lambda *x: floor_loop(*x, micro_batch=mb), "trl": trl_loop,
+        run = {"floor": lambda *x: floor_loop(*x, micro_batch=mb), "trl": trl_loop, "raw": raw_loop,
+               "raw_lp": lambda *x: raw_loop(*x, logprobs=0),
                "floor2": lambda *x: floor_loop(*x, two_turn=True, micro_batch=mb)}[a.only[0]]
         run(a.model, a.steps, a.prompts, a.n, a.tokens, a.only[1])
         return 0
     if a.repeats < 1:
         ap.error(f"--repeats must be at least 1, got {a.repeats}")
-    parts = set(choose(ap, "--parts", a.parts, ("single", "two_turn", "trl")))
+    parts = set(choose(ap, "--parts", a.parts, ("single", "two_turn", "trl", "rollout")))
     if "trl" in parts and "single" not in parts:
         ap.error("--parts: trl is compared with the grpo_single step, so it needs single too")
     tmp = Path(tempfile.mkdtemp(prefix="rltf_bench_compare_"))
@@ -360,6 +395,28 @@ def main() -> int:
         notes.append(f"generated tokens per two-turn step: hand-written {mean(f2, 'generate_tokens'):.0f}, "
                      f"rltf_ray {mean(ours2, 'generate_tokens'):.0f}; trained tokens: hand-written "
                      f"{mean(f2, 'train_tokens'):.0f}, rltf_ray {mean(ours2, 'train_tokens'):.0f}")
+    if "rollout" in parts:
+        # lr 0: the weights never change, so with the engines' common seed rltf_ray samples the
+        # very tokens raw vLLM does, step by step, and tokens/s compares equal work
+        runs = [(contender("raw", a, tmp / f"raw_{i}.json")["steps"], contender("raw_lp", a, tmp / f"raw_lp_{i}.json")["steps"],
+                 bench_pipeline(a.model, "grpo_single", a, f"rollout_{i}", extra=("trainer.lr=0.0",)))
+                for i in range(a.repeats)]
+        for r in (o for _, _, ours_r in runs for o in ours_r):
+            r["seconds_engine"] = r["generate_tokens"] / max(r["generate_tokens_per_s"], 1e-9)
+        add("rollout stage / raw vLLM, equal work (lr 0), tok/s", [(rate(o, "generate_tokens", "seconds_rollout"),
+            rate(x, "generate_tokens", "seconds_generate")) for x, _, o in runs], True, ">= 0.9")
+        add("rollout stage / raw vLLM returning log-probs, tok/s", [(rate(o, "generate_tokens", "seconds_rollout"),
+            rate(x, "generate_tokens", "seconds_generate")) for _, x, o in runs], True, "-")
+        add("rltf_ray's engine alone / raw vLLM returning log-probs, tok/s", [(rate(o, "generate_tokens", "seconds_engine"),
+            rate(x, "generate_tokens", "seconds_generate")) for _, x, o in runs], True, "-")
+        same = [(x["generate_tokens"], y["generate_tokens"], o["generate_tokens"])
+                for xs, ys, os_ in runs for x, y, o in zip(xs, ys, os_)]
+        raw, raw_lp, ours_r = ([s for x in runs for s in x[k]] for k in range(3))
+        notes.append(f"equal work: the same generated tokens in raw vLLM, raw vLLM with log-probs and rltf_ray at "
+                     f"{sum(x == y == o for x, y, o in same)} of {len(same)} steps; seconds per step: raw "
+                     f"{mean(raw, 'seconds_generate'):.2f}, raw with log-probs {mean(raw_lp, 'seconds_generate'):.2f}, "
+                     f"rltf_ray's engine {mean(ours_r, 'seconds_engine'):.2f}, its rollout stage "
+                     f"{mean(ours_r, 'seconds_rollout'):.2f}")
     if "trl" in parts:  # last, so that its failure (its traceback is above) loses no other figure
         try:
             trl = contender("trl", a, tmp / "trl.json")
