@@ -11,11 +11,12 @@
    from metrics.jsonl; and the weight sync of the tiny model, for the slope against size;
 4. the two-turn step: the hand-written loop with a revision turn (the task's critique of
    every wrong first answer, one revision each, rltf_sd's rl0 + rl1 + SD terms) against
-   rltf_ray `rltf_sd` on the same prompts;
+   rltf_ray `rltf_sd` on the same prompts, both at lr 0, so that both generate and train
+   the same tokens at every step (equal work, checked);
 5. TRL's GRPOTrainer (pinned in the `bench` extra; `make bench-compare` installs it) on the
    same prompts, CPU, fp32, HF generate -> seconds per step.
 Peak resident memory of each process comes from the same runs (metrics.jsonl for rltf_ray).
-`--parts` runs a subset (single, two_turn, trl), e.g. to rerun one part. `--repeats R` runs each
+`--parts` runs a subset (single, two_turn, trl, rollout), e.g. to rerun one part. `--repeats R` runs each
 floor and its rltf_ray run R times, alternating, and reports each pair's ratio and their mean:
 on a shared machine the speed drifts within minutes by more than the gaps measured.
 The first step of each loop is a warm-up and is not counted. Prints a table of figures and
@@ -178,11 +179,13 @@ def raw_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: str
 
 
 def floor_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: str,
-               two_turn: bool = False, micro_batch: int = 2) -> None:
+               two_turn: bool = False, micro_batch: int = 2, lr: float = 5e-6) -> None:
     """The hand-written loop (runs in its own process: vLLM in process, then torch); with
     `two_turn`, a revision turn and rltf_sd's three terms. It trains in micro-batches of
     rltf_ray's own size (trainer.micro_batch_size): on this CPU a micro-batch of 8 trains
-    20-30% slower per token than one of 2, so any other size compares two geometries."""
+    20-30% slower per token than one of 2, so any other size compares two geometries. `lr`
+    is rltf_ray's trainer.lr: at 0 neither side's weights change, and both sample the same
+    tokens (equal work)."""
     import torch
     from transformers import AutoModelForCausalLM
     from vllm import SamplingParams
@@ -194,7 +197,7 @@ def floor_loop(model: str, steps: int, prompts: int, n: int, tokens: int, out: s
     path, llm = in_process_llm(model)
     task, tok, template = arithmetic(), load_tokenizer(path), revision_template()
     policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    opt = torch.optim.AdamW(policy.parameters(), lr=5e-6)
+    opt = torch.optim.AdamW(policy.parameters(), lr=lr)
     sp = SamplingParams(n=n, temperature=1.0, max_tokens=tokens)
     rows = []
     for step, batch in enumerate(step_prompts(tok, steps, prompts)):
@@ -299,11 +302,11 @@ def runs_table(a, what: str, runs: list[tuple[str, list[dict]]]) -> str:
     return "\n".join(out)
 
 
-def contender(which: str, a, out: Path) -> dict:
+def contender(which: str, a, out: Path, extra: tuple[str, ...] = ()) -> dict:
     """A hand-written loop or TRL, in a process of its own (each holds a model and an engine)."""
     subprocess.run([sys.executable, __file__, "--model", a.model, "--steps", str(a.steps), "--prompts",
                     str(a.prompts), "--n", str(a.n), "--tokens", str(a.tokens), "--only", which, str(out),
-                    *a.overrides],
+                    *a.overrides, *extra],
                    check=True, stdout=subprocess.DEVNULL)
     got = json.loads(out.read_text())
     got["steps"] = got["steps"][1:]  # the warm-up step
@@ -312,6 +315,13 @@ def contender(which: str, a, out: Path) -> dict:
 
 def rate(rows: list[dict], num: str, den: str) -> float:
     return sum(r[num] for r in rows) / max(sum(r[den] for r in rows), 1e-9)
+
+
+def same_steps(pairs: list[tuple[list[dict], list[dict]]]) -> str:
+    """"k of n": the steps at which a floor and rltf_ray generated and trained as many tokens."""
+    same = [(x["generate_tokens"], x["train_tokens"]) == (o["generate_tokens"], o["train_tokens"])
+            for fl, ours in pairs for x, o in zip(fl, ours)]
+    return f"{sum(same)} of {len(same)}"
 
 
 def step_table(label: str, fl: dict, ours: list[dict]) -> list[str]:
@@ -334,10 +344,10 @@ def main() -> int:
     ap.add_argument("--only", nargs=2, metavar=("WHICH", "OUT"), help=argparse.SUPPRESS)
     a = parse_sized(ap)
     if a.only:
-        mb = demo_config(*a.overrides).trainer.micro_batch_size
-        run = {"floor": lambda *x: floor_loop(*x, micro_batch=mb), "trl": trl_loop, "raw": raw_loop,
-               "raw_lp": lambda *x: raw_loop(*x, logprobs=0),
-               "floor2": lambda *x: floor_loop(*x, two_turn=True, micro_batch=mb)}[a.only[0]]
+        tc = demo_config(*a.overrides).trainer
+        run = {"floor": lambda *x: floor_loop(*x, micro_batch=tc.micro_batch_size, lr=tc.lr), "trl": trl_loop,
+               "raw": raw_loop, "raw_lp": lambda *x: raw_loop(*x, logprobs=0),
+               "floor2": lambda *x: floor_loop(*x, two_turn=True, micro_batch=tc.micro_batch_size, lr=tc.lr)}[a.only[0]]
         run(a.model, a.steps, a.prompts, a.n, a.tokens, a.only[1])
         return 0
     if a.repeats < 1:
@@ -362,12 +372,12 @@ def main() -> int:
         table.append(f"| {name} | {sum(o for o, _ in pairs) / len(pairs):.3g} | "
                      f"{sum(f for _, f in pairs) / len(pairs):.3g} | {r} | {target} |")
 
-    def paired(which: str, preset: str) -> tuple[list[tuple[list[dict], list[dict]]], dict, list[dict]]:
+    def paired(which: str, preset: str, extra: tuple[str, ...] = ()) -> tuple[list[tuple[list[dict], list[dict]]], dict, list[dict]]:
         """The floor and rltf_ray, alternating, `--repeats` times (the machine drifts by more
         than the gaps measured): each repeat's (floor steps, our rows), then all repeats' floor
-        figures and rows together, for the seconds table."""
-        runs = [(contender(which, a, tmp / f"{which}_{i}.json"), bench_pipeline(a.model, preset, a, f"{preset}_{i}"))
-                for i in range(a.repeats)]
+        figures and rows together, for the seconds table. `extra`: overrides for both sides."""
+        runs = [(contender(which, a, tmp / f"{which}_{i}.json", extra),
+                 bench_pipeline(a.model, preset, a, f"{preset}_{i}", extra=extra)) for i in range(a.repeats)]
         floor = {"steps": [x for fl, _ in runs for x in fl["steps"]], "peak_rss_gb": max(fl["peak_rss_gb"] for fl, _ in runs)}
         return [(fl["steps"], o) for fl, o in runs], floor, [x for _, o in runs for x in o]
 
@@ -387,14 +397,17 @@ def main() -> int:
         notes.append(f"weight sync, rltf_ray: tiny {mean(tiny, 'seconds_sync'):.2f} s, {a.model} "
                      f"{mean(ours, 'seconds_sync'):.2f} s; hand-written reload_weights {mean(f, 'seconds_sync'):.2f} s")
     if "two_turn" in parts:
-        pairs2, fl2, ours2 = paired("floor2", "rltf_sd")
+        # lr 0 on both sides: neither's weights change, so both sample and train the very same
+        # tokens at every step (checked below), and the ratio compares equal work
+        pairs2, fl2, ours2 = paired("floor2", "rltf_sd", extra=("trainer.lr=0.0",))
         f2 = fl2["steps"]
-        add("rltf_sd two-turn step / hand-written loop with a revision turn, s",
+        add("rltf_sd two-turn step / hand-written loop with a revision turn, equal work (lr 0), s",
             [(mean(o, "seconds_step"), mean(x, "seconds_step")) for x, o in pairs2], True, "<= 1.15")
         steps += step_table("rltf_sd (two turns)", fl2, ours2)
         notes.append(f"generated tokens per two-turn step: hand-written {mean(f2, 'generate_tokens'):.0f}, "
                      f"rltf_ray {mean(ours2, 'generate_tokens'):.0f}; trained tokens: hand-written "
-                     f"{mean(f2, 'train_tokens'):.0f}, rltf_ray {mean(ours2, 'train_tokens'):.0f}")
+                     f"{mean(f2, 'train_tokens'):.0f}, rltf_ray {mean(ours2, 'train_tokens'):.0f}; the same generated "
+                     f"and trained tokens at {same_steps(pairs2)} steps")
     if "rollout" in parts:
         # lr 0: the weights never change, so with the engines' common seed rltf_ray samples the
         # very tokens raw vLLM does, step by step, and tokens/s compares equal work
