@@ -41,6 +41,9 @@ from rltf_ray.metrics import peak_rss_gb  # noqa: E402
 
 
 DEMO = ROOT / "pipelines/configs/demo.yaml"  # the task, prompts and revision template every contender uses
+# Equal work: at lr 0 no side's weights change, so with the engines' common seed every side
+# samples (and trains) the very same tokens at every step, and seconds compare like for like.
+EQUAL_WORK = ("trainer.lr=0.0",)
 
 
 def demo_config(*overrides: str):
@@ -397,9 +400,7 @@ def main() -> int:
         notes.append(f"weight sync, rltf_ray: tiny {mean(tiny, 'seconds_sync'):.2f} s, {a.model} "
                      f"{mean(ours, 'seconds_sync'):.2f} s; hand-written reload_weights {mean(f, 'seconds_sync'):.2f} s")
     if "two_turn" in parts:
-        # lr 0 on both sides: neither's weights change, so both sample and train the very same
-        # tokens at every step (checked below), and the ratio compares equal work
-        pairs2, fl2, ours2 = paired("floor2", "rltf_sd", extra=("trainer.lr=0.0",))
+        pairs2, fl2, ours2 = paired("floor2", "rltf_sd", extra=EQUAL_WORK)  # checked below
         f2 = fl2["steps"]
         add("rltf_sd two-turn step / hand-written loop with a revision turn, equal work (lr 0), s",
             [(mean(o, "seconds_step"), mean(x, "seconds_step")) for x, o in pairs2], True, "<= 1.15")
@@ -409,10 +410,9 @@ def main() -> int:
                      f"{mean(f2, 'train_tokens'):.0f}, rltf_ray {mean(ours2, 'train_tokens'):.0f}; the same generated "
                      f"and trained tokens at {same_steps(pairs2)} steps")
     if "rollout" in parts:
-        # lr 0: the weights never change, so with the engines' common seed rltf_ray samples the
-        # very tokens raw vLLM does, step by step, and tokens/s compares equal work
+        # raw vLLM never trains; rltf_ray at EQUAL_WORK samples the very tokens it does (checked below)
         runs = [(contender("raw", a, tmp / f"raw_{i}.json")["steps"], contender("raw_lp", a, tmp / f"raw_lp_{i}.json")["steps"],
-                 bench_pipeline(a.model, "grpo_single", a, f"rollout_{i}", extra=("trainer.lr=0.0",)))
+                 bench_pipeline(a.model, "grpo_single", a, f"rollout_{i}", extra=EQUAL_WORK))
                 for i in range(a.repeats)]
         for r in (o for _, _, ours_r in runs for o in ours_r):
             r["seconds_engine"] = r["generate_tokens"] / max(r["generate_tokens_per_s"], 1e-9)
