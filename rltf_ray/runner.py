@@ -24,6 +24,7 @@ from rltf_ray.tasks import get_task
 
 LEARNER = "rltf-learner"  # the Ray Train run's name (its checkpoints live under storage_path/LEARNER)
 STOP_WAIT_S = 120  # how long stop() and the end of a run wait for the trainer to finish
+STAGE_KINDS = ("generate", "critique", "revise", "reward")  # the nodes `rollout` runs as Ray Data stages
 
 
 def _log(msg: str) -> None:
@@ -268,7 +269,7 @@ class Pipeline:
         rows = self.source.rows_for_step(step)
         critic = self.critic_params  # every round calls the same critic app
         ds = ray.data.from_items(rows)
-        for node in self.order:
+        for node in (n for n in self.order if n.kind in STAGE_KINDS):
             p = node_params(node)
             fn = {"generate": lambda: make_generate(self.engines, self.model_path, p, node.name,
                                                   self.cfg.engine.max_model_len),
@@ -277,9 +278,7 @@ class Pipeline:
                   "revise": lambda: make_revise(self.engines, self.model_path, p, node.name,
                                               self.cfg.engine.max_model_len,
                                               self.cfg.binac.revisions_per_critique),
-                  "reward": lambda: make_reward(self.cfg.task, p, critic)}.get(node.kind)
-            if fn is None:
-                continue
+                  "reward": lambda: make_reward(self.cfg.task, p, critic)}[node.kind]
             ds = ds.map_batches(arrow_stage(node.kind, node.name, fn(), node_round(node)),
                                 batch_size=p.batch_size,
                                 batch_format="pyarrow", num_cpus=0.1)
@@ -437,7 +436,8 @@ class Pipeline:
         run = self.cfg.run
         start = self.wait_start()
         summary = self._begin(start)
-        tracker, t_start = Tracker(run, self.out), time.perf_counter()
+        stages = tuple(n.name for n in self.order if n.kind in STAGE_KINDS)
+        tracker, t_start = Tracker(run, self.out, stages=stages), time.perf_counter()
         pending: collections.deque = collections.deque()
 
         def record(row: dict) -> None:

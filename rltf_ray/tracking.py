@@ -40,8 +40,10 @@ def _numbers(row: dict, prefix: str = "") -> dict[str, float]:
 
 
 class Tracker:
-    def __init__(self, run_cfg, out: Path, run_name: str | None = None):
+    def __init__(self, run_cfg, out: Path, run_name: str | None = None, stages: tuple[str, ...] = ()):
+        """`stages`: the pipeline nodes every rollout row passes (their finished rows are counted)."""
         self.name = run_name or out.name
+        self.stages = stages
         self.writers = []
         if run_cfg.tensorboard:
             from tensorboardX import SummaryWriter
@@ -68,7 +70,7 @@ class Tracker:
         self.phase = None
 
     def _ray_gauges(self) -> None:
-        from ray.util.metrics import Gauge
+        from ray.util.metrics import Counter, Gauge
 
         tags = {"run": self.name}
         for key, name in GAUGES.items():
@@ -78,6 +80,11 @@ class Tracker:
         self.phase = Gauge("rltf_step_seconds", "rltf_ray: seconds of the latest RL step by phase",
                            tag_keys=("run", "phase"))
         self.phase.set_default_tags(tags)
+        # counted here, in the long-lived driver, rather than in the Ray Data workers that run
+        # the stages, whose series end with them (rltf_ray.stages._RowMetrics)
+        self.stage_rows = Counter("rltf_stage_rows", "rltf_ray: rows a pipeline stage has finished",
+                                  tag_keys=("run", "stage"))
+        self.stage_rows.set_default_tags(tags)
 
     def log(self, row: dict, step: int) -> None:
         vals = _numbers(row)
@@ -94,6 +101,8 @@ class Tracker:
         for p in PHASES:
             if f"seconds_{p}" in vals:
                 self.phase.set(vals[f"seconds_{p}"], tags={"phase": p})
+        for stage in self.stages if vals.get("rows") else ():  # every row of the step passed every stage
+            self.stage_rows.inc(vals["rows"], tags={"stage": stage})
 
     def close(self) -> None:
         if hasattr(self, "tb"):

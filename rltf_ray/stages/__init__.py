@@ -14,33 +14,32 @@ class StageError(RuntimeError):
 
 
 class _RowMetrics:
-    """Rows in flight and rows done per stage, as Ray metrics (`ray_rltf_stage_rows_in_flight`,
-    `ray_rltf_stage_rows`, a counter). Each Ray Data worker process reports its own count (Ray
-    tags it with the worker), so a dashboard sums over workers by `stage`."""
+    """Rows in flight per stage, a Ray gauge (`ray_rltf_stage_rows_in_flight`) for watching a
+    long step live. Each Ray Data worker process reports its own (Ray tags it with the
+    worker), so a dashboard sums over workers by `stage`. Its series lives only as long as the
+    worker: Ray stops idle workers, and one stopped before its next periodic export never
+    exports its last values. The rows each stage finished are therefore counted by the driver
+    (`ray_rltf_stage_rows`, rltf_ray.tracking)."""
 
     def __init__(self):
         self.in_flight: dict[str, int] = {}
-        self.gauge = self.total = None
+        self.gauge = None
 
     def _ensure(self) -> bool:
         if self.gauge is None:
             try:
-                from ray.util.metrics import Counter, Gauge
+                from ray.util.metrics import Gauge
 
                 self.gauge = Gauge("rltf_stage_rows_in_flight", "rltf_ray: rows inside a pipeline stage",
                                    tag_keys=("stage",))
-                self.total = Counter("rltf_stage_rows", "rltf_ray: rows a pipeline stage has finished",
-                                     tag_keys=("stage",))
             except Exception:  # outside a Ray worker there is no metrics agent; the stage still runs
                 return False
         return True
 
-    def add(self, node: str, n: int, done: int = 0) -> None:
+    def add(self, node: str, n: int) -> None:
         self.in_flight[node] = self.in_flight.get(node, 0) + n
         if self._ensure():
             self.gauge.set(self.in_flight[node], tags={"stage": node})
-            if done:
-                self.total.inc(done, tags={"stage": node})
 
 
 ROWS = _RowMetrics()
@@ -61,7 +60,7 @@ def arrow_stage(kind: str, node: str, fn: Callable[[list[dict]], list[dict]], ro
         except BaseException:
             ROWS.add(node, -n)
             raise
-        ROWS.add(node, -n, done=n)
+        ROWS.add(node, -n)
         for r in rows[:1]:
             absent = [c for c in writes if c not in r]
             if absent:
