@@ -101,8 +101,9 @@ class Tracker:
         for p in PHASES:
             if f"seconds_{p}" in vals:
                 self.phase.set(vals[f"seconds_{p}"], tags={"phase": p})
-        for stage in self.stages if vals.get("rows") else ():  # every row of the step passed every stage
-            self.stage_rows.inc(vals["rows"], tags={"stage": stage})
+        if vals.get("rows"):  # every row of the step passed every stage (a Counter takes only > 0)
+            for stage in self.stages:
+                self.stage_rows.inc(vals["rows"], tags={"stage": stage})
 
     def close(self) -> None:
         if hasattr(self, "tb"):

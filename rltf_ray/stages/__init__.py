@@ -17,8 +17,9 @@ class _RowMetrics:
     """Rows in flight per stage, a Ray gauge (`ray_rltf_stage_rows_in_flight`) for watching a
     long step live. Each Ray Data worker process reports its own (Ray tags it with the
     worker), so a dashboard sums over workers by `stage`. Its series lives only as long as the
-    worker: Ray stops idle workers, and one stopped before its next periodic export never
-    exports its last values. The rows each stage finished are therefore counted by the driver
+    worker: Ray stops idle workers, and one stopped before its next periodic export may never
+    export its last values (the likely cause of one failed scrape in session 18, not proven).
+    The rows each stage finished are therefore counted by the driver
     (`ray_rltf_stage_rows`, rltf_ray.tracking)."""
 
     def __init__(self):
