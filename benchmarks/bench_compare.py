@@ -20,7 +20,8 @@ Peak resident memory of each process comes from the same runs (metrics.jsonl for
 floor and its rltf_ray run R times, alternating, and reports each pair's ratio and their mean:
 on a shared machine the speed drifts within minutes by more than the gaps measured.
 The first step of each loop is a warm-up and is not counted. Prints a table of figures and
-ratios; record it in docs/benchmarks.md with the machine it ran on.
+ratios; record it in docs/benchmarks.md with its date, commit and machine (the figures it
+replaces move to docs/benchmark-log.md).
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from common import choose, mean, run_pipeline  # noqa: E402
-from rltf_ray.metrics import peak_rss_gb  # noqa: E402
+from rltf_ray.memory import peak_rss_gb  # noqa: E402
 
 
 DEMO = ROOT / "pipelines/configs/demo.yaml"  # the task, prompts and revision template every contender uses
@@ -47,7 +48,7 @@ EQUAL_WORK = ("trainer.lr=0.0",)
 
 
 def demo_config(*overrides: str):
-    from rltf_ray.config import load_config
+    from rltf_ray.loading import load_config
 
     return load_config(DEMO, list(overrides))
 

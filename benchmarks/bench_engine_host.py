@@ -18,7 +18,7 @@ Prints seconds per step for the same prompts and seeds (bench_compare's first 8 
 
 --background runs each mode again beside a synthetic load of that many cores' worth of CPU,
 spread over 8 processes that each wake every 20 ms (Ray's daemons and idle actors look like
-that: many small wake-ups, 35-40% of a core in all, docs/benchmarks.md session 10), to tell
+that: many small wake-ups, 35-40% of a core in all; docs/benchmarks.md), to tell
 how much such a load costs an engine whose OpenMP threads wait for each other."""
 from __future__ import annotations
 

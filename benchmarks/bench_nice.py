@@ -4,15 +4,15 @@
 
 Ray starts every worker at niceness 15, below its own daemons (GCS, raylet, dashboard and
 its agent, log monitor: 0). On a CPU node the engine's OpenMP threads then wait on the run
-queue whenever a daemon wakes (docs/benchmarks.md, session 11). Variants, run one after
+queue whenever a daemon wakes (docs/benchmarks.md). Variants, run one after
 another (interleaved when repeated), each a fresh `pipelines/run.py` process:
 
 ray15     every worker at Ray's default, 15 (rltf_ray's default: engine.nice unset)
 engine0   the engines level with Ray's daemons, the other workers at 15 (engine.nice=0)
 all0      every worker level with the daemons (RAY_worker_niceness=0 for the embedded Ray)
 
-Two rounds in session 11 disagreed (docs/benchmarks.md): run it with --repeats, and read the
-spread before the means."""
+Two rounds of one run per variant disagreed (docs/benchmarks.md: the machine drifted by more
+than any variant's effect): run it with --repeats, and read the spread before the means."""
 from __future__ import annotations
 
 import sys

@@ -25,7 +25,7 @@ from common import choose  # noqa: E402
 # name -> environment
 VARIANTS = {
     "default": {},  # runner.EMBEDDED_RAY_ENV: Serve's control loop every 1 s
-    "serve_loop_0.1s": {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1"},  # Ray's default, before session 11
+    "serve_loop_0.1s": {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1"},  # Ray's default; EMBEDDED_RAY_ENV sets 1 s
     # Ray's own periodic reports: task events (the dashboard's task view) every 1 s and the
     # raylet's resource view every 0.1 s by default.
     "slower_reports": {"RAY_task_events_report_interval_ms": "10000",
@@ -60,7 +60,7 @@ def short(cmd: str) -> str:
 
 def one(variant: str, seconds: float) -> None:
     os.environ.update(VARIANTS[variant])
-    from rltf_ray.config import load_config
+    from rltf_ray.loading import load_config
     from rltf_ray.runner import Pipeline
 
     cfg = load_config(str(ROOT / "pipelines/configs/tiny.yaml"),

@@ -45,7 +45,7 @@ def main() -> int:
     print(f"{a.model}: {len(named)} tensors, {sum(v.numel() for _, v in named) * 4 / 1e9:.2f} GB fp32")
     print("| payload | dump s | load s | in band MB | out of band MB |")
     print("| --- | --- | --- | --- | --- |")
-    for label, obj in (("torch tensors (before session 8)", named),
+    for label, obj in (("torch tensors (the old payload)", named),
                        ("numpy arrays (`pack`)", pack(named, torch.float32))):
         d, l, inb, oob = timed(obj, a.repeats)
         print(f"| {label} | {d:.3f} | {l:.3f} | {inb / 1e6:.1f} | {oob / 1e6:.1f} |")

@@ -56,7 +56,8 @@ def check(stage: int, tiny: str) -> tuple[bool, str]:
     from transformers import AutoModelForCausalLM
 
     from rltf_ray.chat import load_tokenizer
-    from rltf_ray.trainer import deepspeed_config, full_state_dict, learn_step
+    from rltf_ray.learner import deepspeed_config, full_state_dict
+    from rltf_ray.trainer import learn_step
 
     cfg = Config(loss=LossConfig(turn1_rl=True, lambda_sd=0.1, lambda_fm=1.0, sd_weight="clip"),
                  trainer=TrainerConfig(zero_stage=stage, bf16=True, lr=1e-3, micro_batch_size=3),

@@ -28,12 +28,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rltf_ray.config import ConfigError, load_config  # noqa: E402
+from rltf_ray.config import ConfigError  # noqa: E402
+from rltf_ray.loading import load_config  # noqa: E402
 from rltf_ray.report import collect_run, write_curves, write_table  # noqa: E402
 
 
 def run_args(args, preset: str, seed: int, out: Path) -> list[str]:
-    return ["--config", args.config, "--preset", preset, f"run.seed={seed}",
+    plugins = [a for p in args.plugin for a in ("--plugin", p)]
+    return ["--config", args.config, "--preset", preset, *plugins, f"run.seed={seed}",
             f"run.output_dir={out}", *args.overrides]
 
 
@@ -90,12 +92,14 @@ def main(argv=None) -> int:
     ap.add_argument("--cluster", help="Ray address to submit the runs to as jobs (else RAY_ADDRESS)")
     ap.add_argument("--keep-resume-state", action="store_true",
                     help="keep each finished run's ray_train/ folder (DeepSpeed state), deleted by default")
+    ap.add_argument("--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
+                    help="a module (import name or .py path) with your tasks or critics; repeatable")
     ap.add_argument("overrides", nargs="*", help="key=value overrides for every run")
     args = ap.parse_args(argv)
     presets = [p for p in args.presets.split(",") if p]
     try:  # every run's config must load before anything starts
         for p in presets:
-            load_config(args.config, args.overrides, preset=p)
+            load_config(args.config, args.overrides, preset=p, plugins=args.plugin)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rltf_ray.config import ConfigError, load_config  # noqa: E402
+from rltf_ray.config import ConfigError  # noqa: E402
+from rltf_ray.loading import load_config  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -33,10 +34,12 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--first-problem", type=int, default=900_000)
+    ap.add_argument("--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
+                    help="a module (import name or .py path) with your task; repeatable")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, plugins=args.plugin)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -44,7 +47,7 @@ def main(argv=None) -> int:
 
     from rltf_ray.graph import node_params
     from rltf_ray.models import resolve_dtype, resolve_model
-    from rltf_ray.runner import init_ray
+    from rltf_ray.services import init_ray
     from rltf_ray.stages.engine import start_engines
     from rltf_ray.tasks import get_task
     from rltf_ray.warmstart import format_demos, revision_demos, sft

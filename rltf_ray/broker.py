@@ -25,32 +25,56 @@ class StepBroker:
         self.restarts = -1  # set_start is called once per (re)start of the worker group
         self.weights: dict[str, tuple[list, int]] = {}
         self.closed = False
+        self.checkpoint_at: set[int] = set()  # save(): checkpoints asked for after that many steps
+        self.arrived = asyncio.Condition()  # a step's rows, a checkpoint request, or close()
 
     def _event(self, kind: str, step: int) -> asyncio.Event:
         return self.events.setdefault((kind, step), asyncio.Event())
 
     async def put_step(self, step: int, rows_ref: list) -> None:
-        self.steps[step] = rows_ref
-        self._event("step", step).set()
+        async with self.arrived:
+            self.steps[step] = rows_ref
+            self.arrived.notify_all()
+
+    async def request_checkpoint(self, steps_done: int) -> None:
+        """The driver's save(): the workers waiting for step `steps_done` checkpoint first."""
+        async with self.arrived:
+            self.checkpoint_at.add(steps_done)
+            self.arrived.notify_all()
+
+    async def put_saved(self, steps_done: int) -> None:
+        self._event("saved", steps_done).set()
+
+    async def get_saved(self, steps_done: int, timeout_s: float) -> bool | None:
+        try:
+            await asyncio.wait_for(self._event("saved", steps_done).wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return None
+        return True
 
     async def release(self, before: int) -> None:
         for old in [s for s in self.steps if s < before]:  # covered by a checkpoint
             del self.steps[old]
 
-    async def get_step(self, step: int) -> list | None:
-        """The step's rollouts, once the driver has put them; None if the driver closed the
-        broker first (it stopped the run), which ends the training loop."""
-        if not self.closed:
-            await self._event("step", step).wait()
+    async def get_step(self, step: int, checkpointed: bool = False) -> list | str | None:
+        """The step's rollouts, once the driver has put them; "checkpoint" when the driver
+        asked for a checkpoint before this step and the caller has not yet written it; None
+        if the driver closed the broker first (it stopped the run), which ends the loop."""
+        def ready() -> bool:
+            return self.closed or step in self.steps or (step in self.checkpoint_at and not checkpointed)
+
+        async with self.arrived:
+            await self.arrived.wait_for(ready)
+        if step in self.checkpoint_at and not checkpointed and step not in self.steps and not self.closed:
+            return "checkpoint"
         return self.steps.get(step)
 
     async def close(self) -> None:
         """No more steps will come: wake the workers waiting for one. Every worker sees the
         same answer for a step, since a step put before this stays until a checkpoint covers it."""
-        self.closed = True
-        for (kind, _), event in self.events.items():
-            if kind == "step":
-                event.set()
+        async with self.arrived:
+            self.closed = True
+            self.arrived.notify_all()
 
     async def set_start(self, step: int, recent: list[dict]) -> None:
         """`recent`: the restored checkpoint's training metrics of the steps before `step`."""

@@ -3,6 +3,12 @@ from __future__ import annotations
 
 import functools
 
+# The revision prompt's default (the revise node's `template`).
+DEFAULT_REVISION_TEMPLATE = (
+    "Here is feedback on your previous answer:\n{critique}\n\n"
+    "Using this feedback, solve the problem again. Give your final answer as <answer>...</answer>."
+)
+
 FM_INSTRUCTION = ("You are given a question and your previous attempt below. "
                   "Your task is to provide a critique of the attempt.")
 

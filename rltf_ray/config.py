@@ -6,18 +6,14 @@ offending key in its error, so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
-import os
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
 
 
-class ConfigError(ValueError):
-    """A configuration or pipeline-graph problem, raised before any Ray resource starts."""
+from rltf_ray.errors import ConfigError  # noqa: E402,F401  (re-exported: rltf_ray.config.ConfigError)
 
 
 @dataclass(frozen=True)
@@ -65,8 +61,17 @@ class EngineConfig:
     # Ray's own processes otherwise cost generation far more than the CPU they take. Needs
     # CAP_SYS_NICE or `ulimit -r` >= 1 on the engine's node; CPU engines only.
     realtime: bool = False
+    # GPU engines (trainer.weight_sync=nccl): the share of each GPU vLLM may take (the rest
+    # is left to a learner on the same GPU), and GPUs per engine (vLLM tensor parallelism).
+    gpu_memory_utilization: float = 0.5
+    tensor_parallel_size: int = 1
 
     def __post_init__(self):
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"engine.gpu_memory_utilization: expected a fraction in (0, 1], "
+                              f"got {self.gpu_memory_utilization}")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"engine.tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
         if self.block_size is not None and (self.block_size < 16 or self.block_size % 16):
             raise ConfigError(f"engine.block_size: expected a multiple of 16 (or null), got {self.block_size}")
         if self.nice is not None and not 0 <= self.nice <= 19:
@@ -78,7 +83,7 @@ class LossConfig:
     """L = L_rl0 + L_rl1 + lambda_sd*L_sd + lambda_fm*L_fm + lambda_sft*L_sft (+ kl_coef*KL).
 
     The defaults are RLTF-SD as in the paper's reference recipe (the `rltf_sd` preset); the
-    presets in pipelines/configs/presets/ select the other objectives. docs/objectives.md
+    presets in rltf_ray/presets/ select the other objectives. docs/objectives.md
     gives every formula and says where an option departs from the reference."""
 
     # Multi-turn RL: also train turn 1 on (x1, y1); turn 0 then gets G0 = r0 + gamma * r1.
@@ -228,7 +233,10 @@ class EvalConfig:
     """Held-out evaluation (rltf_ray/evaluation.py): before and after training, every
     `run.eval_every` steps, and by pipelines/eval.py."""
 
-    prompts: int = 64  # distinct held-out problems (at most the task's test split)
+    prompts: int = 64  # distinct held-out problems (at most the task's test split, or the file's rows)
+    # Held-out problems from a file of one's own (the prompt-file format: prompt_id, prompt,
+    # meta); None = the task's own test split.
+    path: str | None = None
     greedy: bool = True  # single-turn accuracy at temperature 0
     pass_k: list = field(default_factory=list)  # sampled pass@k, e.g. [1, 4, 8]; [] = off
     samples: int = 8  # samples per problem for pass@k (>= the largest k)
@@ -339,6 +347,14 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     binac: BinacConfig = field(default_factory=BinacConfig)
     pipeline: tuple[NodeSpec, ...] = DEFAULT_PIPELINE
+    # Modules of the user's own tasks and critics: import names or paths of .py files,
+    # imported by the driver and by every Ray worker that resolves a task or a critic, and
+    # shipped to a cluster through Ray's runtime_env (rltf_ray/plugins.py).
+    plugins: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if not isinstance(self.plugins, list) or not all(isinstance(p, str) and p for p in self.plugins):
+            raise ConfigError(f"plugins: expected a list of module names or .py paths, got {self.plugins!r}")
 
     def node(self, kind: str) -> NodeSpec:
         """The node of `kind` (for critique/revise/reward: the round-1 node)."""
@@ -411,98 +427,3 @@ def _build(cls: type, data: Any, where: str) -> Any:
         raise ConfigError(str(e) if str(e).startswith(where) or not where else f"{where}: {e}") from None
     except TypeError as e:  # a required field (NodeSpec.name/kind) is missing
         raise ConfigError(f"{where or 'config'}: {e}") from None
-
-
-def _parse_scalar(text: str) -> Any:
-    return yaml.safe_load(text) if text != "" else ""
-
-
-def apply_override(data: dict, override: str) -> None:
-    """Apply `a.b.c=value` to a nested dict; `pipeline.<node>.<param>=v` sets node params."""
-    if "=" not in override:
-        raise ConfigError(f"override '{override}': expected key=value")
-    key, _, raw = override.partition("=")
-    parts = key.strip().split(".")
-    value = _parse_scalar(raw)
-    if parts[0] == "pipeline":
-        if len(parts) != 3:
-            raise ConfigError(f"override '{override}': use pipeline.<node>.<param>=value")
-        nodes = data.setdefault("pipeline", [dataclasses.asdict(n) for n in DEFAULT_PIPELINE])
-        match = [n for n in nodes if n.get("name") == parts[1]]
-        if not match:
-            raise ConfigError(f"override '{override}': no pipeline node named '{parts[1]}'")
-        match[0].setdefault("params", {})[parts[2]] = value
-        return
-    cur = data
-    for p in parts[:-1]:
-        nxt = cur.setdefault(p, {})
-        if not isinstance(nxt, dict):
-            raise ConfigError(f"override '{override}': '{p}' is not a section")
-        cur = nxt
-    cur[parts[-1]] = value
-
-
-PRESET_DIR = Path(__file__).resolve().parent.parent / "pipelines" / "configs" / "presets"
-
-
-def _merge(base: dict, top: dict) -> dict:
-    out = dict(base)
-    for k, v in top.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def _lookup(data: dict, dotted: str):
-    for part in dotted.split("."):
-        data = data.get(part) if isinstance(data, dict) else None
-    return data
-
-
-def load_config(path: str | os.PathLike | None = None, overrides: typing.Sequence[str] = (),
-                preset: str | None = None) -> Config:
-    data: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        loaded = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: top level must be a mapping")
-        data = loaded
-    file_preset = data.pop("preset", None)  # --preset wins over the config's own
-    preset = preset or file_preset
-    if preset:
-        preset_file = PRESET_DIR / f"{preset}.yaml"
-        if not preset_file.is_file():
-            known = ", ".join(sorted(f.stem for f in PRESET_DIR.glob("*.yaml")))
-            raise ConfigError(f"unknown preset '{preset}' (known: {known})")
-        preset_data = yaml.safe_load(preset_file.read_text()) or {}
-        preset_data.pop("description", None)
-        node_defaults = preset_data.pop("node_params", {})
-        # keys that define the preset (fixed_critic's frozen critic): a config or override
-        # that changes one would silently turn the preset into another method
-        locked = {k: _lookup(preset_data, k) for k in preset_data.pop("locked", [])}
-        data = _merge(preset_data, data)
-    else:
-        node_defaults, locked = {}, {}
-    for o in overrides:
-        apply_override(data, o)
-    for key, want in locked.items():
-        if _lookup(data, key) != want:
-            raise ConfigError(f"preset '{preset}' fixes {key} = {want!r}; the config or an override "
-                              f"sets {_lookup(data, key)!r}. Drop that setting or choose another preset")
-    if node_defaults:  # a preset's node params fill what the config and overrides left unset
-        nodes = data.setdefault("pipeline", [dataclasses.asdict(n) for n in DEFAULT_PIPELINE])
-        for n in nodes:
-            if isinstance(n, dict) and n.get("kind") in node_defaults:
-                n["params"] = {**node_defaults[n["kind"]], **(n.get("params") or {})}
-    from rltf_ray.graph import expand_rounds, validate  # the graph owns node kinds and columns
-
-    cfg = expand_rounds(_build(Config, data, ""))
-    validate(cfg)
-    return cfg
-
-
-def config_from_dict(data: dict) -> Config:
-    """Rebuild a Config shipped to a worker as a plain dict (already validated)."""
-    return _build(Config, data, "")

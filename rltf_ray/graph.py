@@ -9,12 +9,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rltf_ray.chat import DEFAULT_REVISION_TEMPLATE
 from rltf_ray.config import Config, ConfigError, NodeSpec, _build
 
-DEFAULT_REVISION_TEMPLATE = (
-    "Here is feedback on your previous answer:\n{critique}\n\n"
-    "Using this feedback, solve the problem again. Give your final answer as <answer>...</answer>."
-)
 
 
 def check_round(k: int) -> None:
@@ -75,6 +72,12 @@ class CritiqueParams:
     # A step whose critique requests fail (after retries) above this fraction stops the run
     # with the critic's error: RLTF without critiques would silently be plain GRPO.
     max_failed_fraction: float = 0.2
+    # The critic class's own constructor arguments: a plugin critic is built as
+    # Cls(task, **critic_params); the built-ins take their settings from the params above.
+    critic_params: dict = field(default_factory=dict)
+    # llm_judge and openai: their prompt templates, a mapping or the path of a YAML/JSON file
+    # of one (keys and placeholders: rltf_ray.critics.judge_prompts); unset keys keep the defaults.
+    judge_prompts: dict | str | None = None
     # Custom Ray resources each critic replica (and a learned critic's engine) requires, so
     # that a cluster can dedicate nodes to the critic, e.g. {critic_node: 1}.
     resources: dict = field(default_factory=dict)
@@ -84,9 +87,18 @@ class CritiqueParams:
         check_round(self.round)
         if not 0.0 <= self.max_failed_fraction <= 1.0:
             raise ConfigError(f"max_failed_fraction: must be in [0, 1], got {self.max_failed_fraction}")
-        critics = ("programmatic", "correctness_only", "llm_judge", "openai", "learned")
-        if self.critic not in critics:
-            raise ConfigError(f"critic: unknown critic {self.critic!r} (known: {', '.join(critics)})")
+        # the registry holds the built-ins and the plugins' critics (the driver imports the
+        # plugins before validating; a Ray worker imports them on its first unknown name)
+        from rltf_ray.critics import get_critic
+        from rltf_ray.critics.base import check_critic_params
+        from rltf_ray.critics.judge_prompts import resolve_judge_prompts
+
+        check_critic_params(self.critic, get_critic(self.critic), self.critic_params)
+        if self.judge_prompts is not None:
+            if self.critic not in ("llm_judge", "openai"):
+                raise ConfigError(f"judge_prompts: only the llm_judge and openai critics use them "
+                                  f"(critic is {self.critic!r})")
+            resolve_judge_prompts(self.judge_prompts)  # a missing file or a bad template fails here
         if self.critic == "openai" and not (self.base_url and self.model):
             raise ConfigError("critic 'openai' needs base_url and model")
         if self.retries < 0 or self.timeout_s <= 0:
@@ -302,11 +314,25 @@ def validate(cfg: Config) -> list[NodeSpec]:
         if not task_has_verifier(cfg.task.name):
             raise ConfigError(f"critic 'learned' needs a task with a verifier to reward its critiques; "
                               f"'{cfg.task.name}' has none")
+    check_sampling(cfg, order)
     for n in order:
         if n.kind != "source" and len(n.inputs) != 1:
             raise ConfigError(f"pipeline node '{n.name}': the executor runs chains; give exactly "
                               f"one input (got {len(n.inputs)})")
     return order
+
+
+def check_sampling(cfg: Config, order: list[NodeSpec]) -> None:
+    """Samples trained through the RL ratio pi_theta / pi_sampler must come from the full
+    distribution at their temperature: with top_p < 1 vLLM's log-probs are renormalised over
+    the nucleus and the trainer's are not, so the ratio would be wrong on every token."""
+    for n in order:
+        trained = n.kind == "generate" or (n.kind == "revise" and cfg.loss.turn1_rl)
+        top_p = getattr(node_params(n), "top_p", 1.0)
+        if trained and top_p < 1.0:
+            raise ConfigError(f"pipeline node '{n.name}': top_p={top_p} on samples the RL ratio trains "
+                              "(vLLM's log-probs are renormalised over the nucleus, the trainer's are "
+                              "not); use top_p=1.0")
 
 
 def describe(cfg: Config) -> str:

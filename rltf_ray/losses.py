@@ -157,7 +157,11 @@ def sd_token_loss(logp_x0: torch.Tensor, adv: torch.Tensor, weight: str = "none"
     raise ValueError(f"sd weight must be none, is, clip or cispo, got {weight!r}")
 
 
-def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimate of KL(pi || ref) on samples of pi: exp(ref - logp) - (ref - logp) - 1."""
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || ref) on samples of pi: exp(ref - logp) - (ref - logp) - 1.
+    Outside `mask` it is 0: ref_logp is 0 there, and exp(0 - logp) overflows to inf for a
+    token the policy finds unlikely, which a later `* mask` would turn into NaN (inf * 0)."""
     d = ref_logp.detach() - logp
+    if mask is not None:
+        d = torch.where(mask > 0, d, torch.zeros_like(d))
     return torch.exp(d) - d - 1.0

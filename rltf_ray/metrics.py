@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import resource
 
 import pyarrow as pa
 
@@ -14,11 +13,6 @@ def _mean(xs) -> float:
     """Mean over the finite values (a reward the critic could not give is NaN)."""
     xs = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
     return float(sum(xs) / len(xs)) if xs else 0.0
-
-
-def peak_rss_gb() -> float:
-    """This process's peak resident memory in GiB (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
 
 
 def critic_metrics(rows: list[dict], b) -> dict:

@@ -73,9 +73,8 @@ def resolve_dtype(dtype: str, use_gpu: bool) -> str:
 
 
 def _tiny_corpus() -> list[str]:
-    from rltf_ray.chat import FM_INSTRUCTION
+    from rltf_ray.chat import DEFAULT_REVISION_TEMPLATE, FM_INSTRUCTION
     from rltf_ray.config import TaskConfig
-    from rltf_ray.graph import DEFAULT_REVISION_TEMPLATE
     from rltf_ray.tasks import get_task
 
     task = get_task(TaskConfig(params={"min_digits": 1, "max_digits": 3}))

@@ -294,7 +294,7 @@ def loss_terms(logp: torch.Tensor, b: Batch, norms: dict[str, float], cfg: Confi
     m = {t: (b.term == k).float() * b.mask for k, t in enumerate(TERMS)}
     m_rl = m["rl0"] + m["rl1"]
     rl_tok = losses.policy_token_loss(logp, b.behav_logp, b.adv, L.policy_loss, L.clip_eps, L.tis_cap)
-    kl_tok = losses.kl_k3(logp, b.ref_logp) if L.kl_coef > 0 else torch.zeros_like(logp)
+    kl_tok = losses.kl_k3(logp, b.ref_logp, m_rl) if L.kl_coef > 0 else torch.zeros_like(logp)
     rl_tok = rl_tok + L.kl_coef * kl_tok
     keep = losses.sd_keep_mask(logp, L.sd_mask_tau)
     m_sd = m["sd"] * keep

@@ -74,13 +74,13 @@ def _row_problem(task: Task, r: object, line: int) -> tuple[dict | None, str]:
     return {"prompt_id": str(pid), "prompt": prompt, "meta": json.dumps(meta, sort_keys=True)}, ""
 
 
-def read_prompt_file(path: str, task: Task, fits=None) -> PromptFile:
+def read_prompt_file(path: str, task: Task, fits=None, key: str = "source.path") -> PromptFile:
     """Every row of the file, validated; `fits(prompt) -> reason or ""` checks its length."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"source.path: file not found: {p}")
+        raise ConfigError(f"{key}: file not found: {p}")
     if p.suffix not in (".jsonl", ".json", ".parquet"):
-        raise ConfigError(f"source.path: {p} must end in .jsonl or .parquet")
+        raise ConfigError(f"{key}: {p} must end in .jsonl or .parquet")
     out = PromptFile([])
     seen: dict[str, int] = {}
     for line, r, raw in _raw_lines(p):
@@ -98,12 +98,24 @@ def read_prompt_file(path: str, task: Task, fits=None) -> PromptFile:
     return out
 
 
-def bad_rows_error(path: str, bad: list[dict]) -> ConfigError:
+def bad_rows_error(path: str, bad: list[dict], key: str = "source.path") -> ConfigError:
     listed = "\n".join(f"  {path}:{b['line']} (prompt_id {b['prompt_id']!r}): {b['reason']}" for b in bad[:MAX_LISTED])
     more = f"\n  ... and {len(bad) - MAX_LISTED} more" if len(bad) > MAX_LISTED else ""
-    return ConfigError(f"source.path: {len(bad)} bad row(s) in {path}:\n{listed}{more}\n"
-                       "Fix them, or set pipeline.prompts.on_bad_row=skip to train on the rest "
-                       "(the bad rows then go to bad_rows.jsonl).")
+    fix = ("Fix them, or set pipeline.prompts.on_bad_row=skip to train on the rest "
+           "(the bad rows then go to bad_rows.jsonl)." if key == "source.path" else
+           "Fix them: a held-out set is scored whole, never with rows left out.")
+    return ConfigError(f"{key}: {len(bad)} bad row(s) in {path}:\n{listed}{more}\n{fix}")
+
+
+def load_eval_rows(task: Task, path: str, limit: int) -> list[dict]:
+    """The held-out problems of `eval.path` (the prompt-file format), validated whole: any bad
+    row is an error, and the first `limit` rows are used."""
+    got = read_prompt_file(path, task, key="eval.path")
+    if got.bad:
+        raise bad_rows_error(path, got.bad, key="eval.path")
+    if not got.rows:
+        raise ConfigError(f"eval.path: {path} has no rows")
+    return got.rows[:limit]
 
 
 class PromptSource:

@@ -11,7 +11,6 @@ run continues.
 from __future__ import annotations
 
 import collections
-import json
 import math
 import os
 import tempfile
@@ -19,11 +18,13 @@ import time
 
 import ray
 
-from rltf_ray import metrics as M
-from rltf_ray.config import Config, config_from_dict
+from rltf_ray.config import Config
+from rltf_ray.loading import config_from_dict
 from rltf_ray.objectives import (MAX_KEYS, RL_TERMS, SUM_KEYS, TERMS, Example, build_critic_examples,
                                  build_examples, micro_loss, mismatch_sums, sequence_logprobs,
                                  step_normalisers)
+from rltf_ray.learner import Learner, full_state_dict, load_train_state, save_train_state
+from rltf_ray.memory import peak_rss_gb
 from rltf_ray.realtime import make_realtime
 
 
@@ -200,161 +201,6 @@ def critic_learn_step(engine, rows: list[dict], cfg: Config, pad_id: int, step: 
     return {**{f"critic_{k}" if k != "loss" else "loss_critic": m[k] for k in keep}, **stats}
 
 
-def deepspeed_config(cfg: Config) -> dict:
-    t = cfg.trainer
-    return {
-        "train_micro_batch_size_per_gpu": t.micro_batch_size,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": t.grad_clip,
-        # DeepSpeed's default buckets hold 5e8 elements (2 GB each in fp32): far more than a
-        # small model needs, and enough to run a 24 GB node out of memory with 2 workers.
-        "zero_optimization": {"stage": t.zero_stage, "reduce_bucket_size": 50_000_000,
-                              "allgather_bucket_size": 50_000_000,
-                              "stage3_prefetch_bucket_size": 50_000_000,
-                              "stage3_param_persistence_threshold": 100_000},
-        "bf16": {"enabled": t.bf16},
-        "steps_per_print": 10 ** 9,
-        "wall_clock_breakdown": False,
-    }
-
-
-def full_state_dict(engine, zero_stage: int) -> dict:
-    """Full weights on every rank (ZeRO-3 shards gathered; a collective on all ranks); a
-    LoRA model's adapters merged in."""
-    if zero_stage == 3:
-        import deepspeed
-
-        params = list(engine.module.parameters())
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-            return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
-    return merged_state_dict(engine.module)
-
-
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def build_model(model_path: str, cfg: Config):
-    """The trainable model: the HF model, or it wrapped with LoRA adapters (only they train)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    lora = cfg.trainer.lora
-    if lora:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(
-            r=lora["rank"], lora_alpha=lora.get("alpha", lora["rank"]), lora_dropout=lora.get("dropout", 0.0),
-            target_modules=lora.get("target_modules", LORA_TARGETS), bias="none"))
-    return model
-
-
-def merged_state_dict(module) -> dict:
-    """Full weights under the base model's names: for a LoRA model, base + scale * B @ A,
-    computed beside the weights (the base is never modified, so nothing drifts)."""
-    if not hasattr(module, "get_base_model"):
-        return {k: v.detach() for k, v in module.state_dict().items()}
-    from peft.tuners.lora import LoraLayer
-
-    base = module.get_base_model()
-    out = {k.replace(".base_layer", ""): v.detach().clone() for k, v in base.state_dict().items()
-           if "lora_" not in k}
-    for name, layer in base.named_modules():
-        if isinstance(layer, LoraLayer):
-            for adapter in layer.active_adapters:
-                out[f"{name}.weight"] += layer.get_delta_weight(adapter).detach()
-    return out
-
-
-class Learner:
-    """One trainable model on this worker: its DeepSpeed engine, and (rank 0) the weight sync
-    into the vLLM engines that serve it, with its version (= optimizer steps taken)."""
-
-    def __init__(self, model_path: str, cfg: Config, engines: list, engine_dtype: str, rank: int,
-                 keep: tuple[str, str] | None = None):
-        import deepspeed
-        import torch
-
-        from rltf_ray.weight_sync import make_weight_sync
-
-        model = build_model(model_path, cfg)
-        # fused: one kernel over each tensor (CPU and CUDA); on this 2-core CPU the default
-        # per-op AdamW took 0.40 s a step for 67 M weights, the fused one 0.09 s (benchmarks.md)
-        optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.trainer.lr,
-                                  weight_decay=cfg.trainer.weight_decay, fused=True)
-        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optim, config=deepspeed_config(cfg),
-                                               dist_init_required=False)
-        self.zero_stage, self.rank, self.version = cfg.trainer.zero_stage, rank, 0
-        self.sync = make_weight_sync(cfg.trainer.weight_sync, getattr(torch, engine_dtype), keep)
-        if rank == 0:
-            self.sync.connect(engines)
-
-    def push(self, bump: bool = True) -> dict:
-        """Gather the full weights (a collective), and from rank 0 push them as a new version
-        (or, `bump=False`, as the current one: after a restore)."""
-        self.version += int(bump)
-        state = full_state_dict(self.engine, self.zero_stage)
-        if self.rank == 0:
-            self.sync.push(state.items(), self.version)
-        return state
-
-    def save(self, path: str, state: dict, tokenizer) -> None:
-        """An HF folder of the full (for LoRA: merged) weights, which vLLM loads."""
-        module = self.engine.module
-        base = module.get_base_model() if hasattr(module, "get_base_model") else module
-        base.save_pretrained(path, state_dict=state)
-        tokenizer.save_pretrained(path)
-
-
-def save_train_state(tmp: str, step: int, actor: Learner, critic: Learner | None, rank: int,
-                     recent: list[dict]) -> None:
-    """Everything a resumed run needs, in this rank's share of a Ray Train checkpoint: the
-    DeepSpeed checkpoints (weights and optimizer state) of the actor and the critic, this
-    rank's RNG states, and (rank 0) the step, the versions and the `recent` steps' training
-    metrics (a driver killed before it wrote their metrics rows gets them back on resume)."""
-    import random
-
-    import numpy as np
-    import torch
-
-    actor.engine.save_checkpoint(os.path.join(tmp, "actor"), tag="ds")
-    if critic is not None:
-        critic.engine.save_checkpoint(os.path.join(tmp, "critic"), tag="ds")
-    torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
-               os.path.join(tmp, f"rng_rank{rank}.pt"))
-    if rank == 0:
-        with open(os.path.join(tmp, "state.json"), "w") as f:
-            json.dump({"step": step, "policy_version": actor.version,
-                       "critic_version": critic.version if critic else 0, "recent_metrics": recent}, f)
-
-
-def load_train_state(ckpt, actor: Learner, critic: Learner | None, rank: int) -> tuple[int, list[dict]]:
-    """Restore from a Ray Train checkpoint: the first step still to train, and the training
-    metrics of the steps just before it (`save_train_state`'s `recent`)."""
-    import random
-
-    import torch
-
-    with ckpt.as_directory() as d:
-        with open(os.path.join(d, "state.json")) as f:
-            state = json.load(f)
-        actor.engine.load_checkpoint(os.path.join(d, "actor"), tag="ds")
-        if critic is not None:
-            critic.engine.load_checkpoint(os.path.join(d, "critic"), tag="ds")
-        rng_file = os.path.join(d, f"rng_rank{rank}.pt")
-        if os.path.exists(rng_file):  # absent if the world size changed
-            import numpy as np
-
-            rng = torch.load(rng_file, weights_only=False)
-            torch.set_rng_state(rng["torch"])
-            np.random.set_state(rng["numpy"])
-            random.setstate(rng["python"])
-    actor.version = state["policy_version"]
-    if critic is not None:
-        critic.version = state["critic_version"]
-    return int(state["step"]), state.get("recent_metrics", [])
-
-
 def train_loop(config: dict) -> None:
     """Runs on every Ray Train worker for the whole run: the actor's learner and, with a
     learned critic (Bi-NAC), the critic's, each stepping on the schedule `binac` sets."""
@@ -403,8 +249,38 @@ def train_loop(config: dict) -> None:
     # flight (run.max_staleness) the last k + 1 rows a checkpoint covers may not be written
     # yet, so the checkpoint carries them.
     recent = collections.deque(recent, maxlen=cfg.run.max_staleness + 1)
+
+    def checkpoint(steps_done: int, metrics: dict, states: dict) -> None:
+        """HF folders for vLLM and evaluation, then the resume state through Ray Train,
+        committed before the steps it covers are released."""
+        path = os.path.join(ckpt_dir, f"step_{steps_done}")
+        state = states.get("actor") or full_state_dict(actor.engine, actor.zero_stage)
+        cstate = None
+        if critic is not None:
+            cstate = states.get("critic") or full_state_dict(critic.engine, critic.zero_stage)
+        if rank == 0:  # HF folders that vLLM and pipelines/eval.py load
+            actor.save(path, state, tokenizer)
+            if cstate is not None:
+                critic.save(os.path.join(path, "critic"), cstate, critic_tok)
+        states.clear()
+        with tempfile.TemporaryDirectory() as tmp:
+            save_train_state(tmp, steps_done, actor, critic, rank, list(recent))
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+        if rank == 0:
+            # The controller registers a report when it next polls the workers; a worker
+            # that died before that would restart from an older checkpoint. Wait until this
+            # one is committed before releasing its steps and declaring the step done.
+            ray.train.get_all_reported_checkpoints(
+                consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED, timeout_s=600)
+            ray.get(broker.release.remote(steps_done))
+
     for step in range(start, cfg.run.steps):
         got = ray.get(broker.get_step.remote(step))
+        if got == "checkpoint":  # the driver's save() between steps
+            checkpoint(step, {"step": step - 1, "saved": True}, {})
+            if rank == 0:
+                ray.get(broker.put_saved.remote(step))
+            got = ray.get(broker.get_step.remote(step, True))
         if got is None:  # the driver stopped the run before this step (an error, or stop())
             break
         rows = ray.get(got[0])
@@ -424,7 +300,7 @@ def train_loop(config: dict) -> None:
         metrics["seconds_train"] = time.perf_counter() - t0 - metrics["seconds_sync"]
         metrics["train_tokens_per_s"] = metrics.get("train_tokens", 0) / max(metrics["seconds_train"], 1e-9)
         metrics.update({"policy_version": actor.version, "actor_trained": "loss" in metrics,
-                        "learner_peak_rss_gb": M.peak_rss_gb()})  # rank 0's worker
+                        "learner_peak_rss_gb": peak_rss_gb()})  # rank 0's worker
         if binac is not None:
             metrics.update({"critic_version": critic.version if critic else 0,
                             "critic_trained": "loss_critic" in metrics})
@@ -433,26 +309,7 @@ def train_loop(config: dict) -> None:
         every = cfg.run.checkpoint_every
         if last or (every and (step + 1) % every == 0):
             t1 = time.perf_counter()
-            path = os.path.join(ckpt_dir, f"step_{step + 1}")
-            state = states.get("actor") or full_state_dict(actor.engine, actor.zero_stage)
-            cstate = None
-            if critic is not None:
-                cstate = states.get("critic") or full_state_dict(critic.engine, critic.zero_stage)
-            if rank == 0:  # HF folders that vLLM and pipelines/eval.py load
-                actor.save(path, state, tokenizer)
-                if cstate is not None:
-                    critic.save(os.path.join(path, "critic"), cstate, critic_tok)
-            states.clear()
-            with tempfile.TemporaryDirectory() as tmp:
-                save_train_state(tmp, step + 1, actor, critic, rank, list(recent))
-                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-            if rank == 0:
-                # The controller registers a report when it next polls the workers; a worker
-                # that died before that would restart from an older checkpoint. Wait until this
-                # one is committed before releasing its steps and declaring the step done.
-                ray.train.get_all_reported_checkpoints(
-                    consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED, timeout_s=600)
-                ray.get(broker.release.remote(step + 1))
+            checkpoint(step + 1, metrics, states)
             metrics["seconds_checkpoint"] = time.perf_counter() - t1  # in the step: it is not overlapped
         else:
             # Metrics reach the driver through the broker; Ray Train hears only of checkpoints.

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from rltf_ray.config import BinacConfig, Config, ConfigError, LossConfig, load_config
+from rltf_ray.config import BinacConfig, Config, ConfigError, LossConfig
+from rltf_ray.loading import load_config
 from rltf_ray.objectives import build_critic_examples, critic_rewards
 
 
@@ -80,7 +81,8 @@ def test_the_critic_learns_and_its_engine_serves_the_checkpoint(tiny_path, tiny_
 
     from rltf_ray.config import EngineConfig, TrainerConfig
     from rltf_ray.stages.engine import start_engines
-    from rltf_ray.trainer import Learner, critic_config, critic_learn_step
+    from rltf_ray.learner import Learner
+    from rltf_ray.trainer import critic_config, critic_learn_step
 
     ray.init(num_cpus=4, include_dashboard=False)
     try:

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from rltf_ray.config import TaskConfig, ConfigError, load_config
+from rltf_ray.config import TaskConfig, ConfigError
+from rltf_ray.loading import load_config
 from rltf_ray.graph import draw
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,3 +162,13 @@ def test_a_relative_model_folder_resolves_to_an_absolute_path(tmp_path, monkeypa
     with pytest.raises(ConfigError, match="no config.json"):
         resolve_model("./missing")
     assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_top_p_below_one_is_refused_where_the_ratio_trains():
+    base = "pipelines/configs/tiny.yaml"
+    with pytest.raises(ConfigError, match=r"node 'first_turn': top_p=0.9 on samples the RL ratio trains"):
+        load_config(base, ["pipeline.first_turn.top_p=0.9"])
+    with pytest.raises(ConfigError, match=r"node 'revision': top_p=0.9"):
+        load_config(base, ["pipeline.revision.top_p=0.9"])  # rltf_sd trains the revision turn (turn1_rl)
+    # SD alone takes no ratio on the revision: a nucleus there is allowed
+    assert load_config(base, ["pipeline.revision.top_p=0.9", "loss.turn1_rl=false"]).node("revise").params["top_p"] == 0.9

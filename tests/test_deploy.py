@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from rltf_ray.config import load_config
+from rltf_ray.loading import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -4,7 +4,8 @@ from collections import namedtuple
 
 import pytest
 
-from rltf_ray.config import ConfigError, load_config
+from rltf_ray.config import ConfigError
+from rltf_ray.loading import load_config
 from rltf_ray.disk import needed_bytes, param_count
 
 

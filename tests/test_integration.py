@@ -12,7 +12,7 @@ import requests
 import torch
 from safetensors.torch import load_file
 
-from rltf_ray.config import load_config
+from rltf_ray.loading import load_config
 from rltf_ray.graph import KINDS
 from rltf_ray.runner import Pipeline
 

@@ -14,7 +14,7 @@ import requests
 
 from rltf_ray.config import TaskConfig
 from rltf_ray.graph import CritiqueParams
-from rltf_ray.stages.judges import CLOSE, OPEN, VERDICT_LINES, _result, judge_messages, parse_verdict
+from rltf_ray.critics.judges import CLOSE, OPEN, VERDICT_LINES, _result, judge_messages, parse_verdict
 
 
 def test_judge_prompts_and_injection_hygiene():
@@ -48,6 +48,115 @@ def test_parse_verdict():
     assert parse_verdict("blah. Your previous attempt was correct.") is True
     assert parse_verdict("Your previous attempt was correct. ... Your previous attempt was incorrect.") is False
     assert parse_verdict("no verdict here") is None
+
+
+def quoted(attempt: str) -> str:
+    from rltf_ray.critics.judge_prompts import INJECTION_NOTE
+
+    return f"{INJECTION_NOTE}\n{OPEN}\n{attempt}\n{CLOSE}"
+
+
+def test_default_judge_prompts_are_the_papers():
+    from rltf_ray.critics.judge_prompts import DEFAULT_JUDGE_PROMPTS, resolve_judge_prompts
+
+    assert resolve_judge_prompts(None) == DEFAULT_JUDGE_PROMPTS
+    assert judge_messages("What is 2+2?", "5", {"answer": 4})[1]["content"] == (
+        "Question:\nWhat is 2+2?\n\nReference answer (do not reveal): 4\n\n" + quoted("5"))
+    assert judge_messages("Grid", "up", {})[1]["content"] == "Puzzle:\nGrid\n\n" + quoted("up")
+    assert judge_messages("Haiku.", "pond", {"rubric": "5-7-5"})[1]["content"] == (
+        "Writing task:\nHaiku.\n\nRubric:\n5-7-5\n\n" + quoted("pond"))
+
+
+def test_judge_prompts_from_a_mapping_or_a_file_change_the_prompt(tmp_path):
+    from rltf_ray.critics.judge_prompts import DEFAULT_JUDGE_PROMPTS, resolve_judge_prompts
+
+    mine = resolve_judge_prompts({"math_system": "Grade tersely.",
+                                  "math_user": "Q={question} | A={answer} | {{literal}} | {attempt}"})
+    assert judge_messages("What is 2+2?", "5 {x}", {"answer": 4}, mine) == [
+        {"role": "system", "content": "Grade tersely."},
+        {"role": "user", "content": "Q=What is 2+2? | A=4 | {literal} | " + quoted("5 {x}")}]
+    # the keys not given keep their defaults
+    assert judge_messages("Grid", "up", {}, mine) == judge_messages("Grid", "up", {})
+    (tmp_path / "prompts.yaml").write_text(
+        "writing_user: |-\n  Rubric first: {rubric}\n  Task: {question}\n  {attempt}\n")
+    from_yaml = resolve_judge_prompts(str(tmp_path / "prompts.yaml"))
+    assert judge_messages("Haiku.", "pond", {"rubric": "5-7-5"}, from_yaml)[1]["content"] == (
+        "Rubric first: 5-7-5\nTask: Haiku.\n" + quoted("pond"))
+    (tmp_path / "prompts.json").write_text(json.dumps({"puzzle_system": "Be brief.", "final_line": "Verdict?"}))
+    from_json = resolve_judge_prompts(str(tmp_path / "prompts.json"))
+    assert judge_messages("Grid", "up", {}, from_json)[0]["content"] == "Be brief."
+    assert from_json == {**DEFAULT_JUDGE_PROMPTS, "puzzle_system": "Be brief.", "final_line": "Verdict?"}
+
+
+def test_bad_judge_prompts_are_config_errors(tmp_path):
+    from rltf_ray.config import ConfigError
+
+    (tmp_path / "list.yaml").write_text("- a\n")
+    (tmp_path / "p.txt").write_text("x")
+    (tmp_path / "broken.json").write_text("{")
+    judge = dict(critic="openai", base_url="http://127.0.0.1:1/v1", model="m")
+    cases = [({"math_usr": "{question}"}, r"unknown key\(s\) \['math_usr'\] \(known: writing_system, "),
+             (str(tmp_path / "absent.yaml"), "no such file"),
+             (str(tmp_path / "list.yaml"), "must hold a mapping"),
+             (str(tmp_path / "p.txt"), "must be a .yaml, .yml or .json file"),
+             (str(tmp_path / "broken.json"), "cannot be parsed"),
+             ({"math_user": "{question} {attempt}"}, r"math_user: lacks the placeholder\(s\) \{answer\}"),
+             ({"puzzle_user": "{question} {attempt} {answer}"}, r"puzzle_user: unknown placeholder\(s\) \['answer'\]"),
+             ({"puzzle_user": "{question} {attempt} {"}, "puzzle_user: not a valid template"),
+             ({"puzzle_system": 3}, "puzzle_system: expected a non-empty string")]
+    for spec, msg in cases:
+        with pytest.raises(ConfigError, match=msg):
+            CritiqueParams(judge_prompts=spec, **judge)
+    with pytest.raises(ConfigError, match="only the llm_judge and openai critics use them"):
+        CritiqueParams(judge_prompts={"puzzle_system": "x"})
+
+
+def test_the_judges_send_the_configured_templates(monkeypatch):
+    """The OpenAI critic's request body, and the vLLM judge's follow-up turn, come from the
+    node's judge_prompts; an endpoint error fails only its own item."""
+    import asyncio
+
+    import httpx
+
+    from rltf_ray.critics import judges
+    from rltf_ray.critics.judges import LLMJudgeCritic, OpenAICritic
+
+    prompts = {"math_system": "S", "math_user": "{question}|{answer}|{attempt}", "final_line": "Last line!"}
+    p = CritiqueParams(critic="openai", base_url="http://judge.test/v1", model="m", judge_prompts=prompts)
+    critic = OpenAICritic.from_params(None, p, OpenAICritic.prepare(p, {}))
+    sent = []
+
+    def reply(request):
+        body = json.loads(request.content)
+        sent.append(body["messages"])
+        if "boom" in body["messages"][1]["content"]:
+            return httpx.Response(500, text="overloaded")
+        return httpx.Response(200, json={"choices": [{"message": {"content": "ok. Your previous attempt was correct."}}]})
+
+    critic.client = httpx.AsyncClient(base_url="http://judge.test/v1", transport=httpx.MockTransport(reply))
+    items = [{"prompt": "Q", "response": "A", "meta": {"answer": 1}}, {"prompt": "Q", "response": "boom", "meta": {"answer": 1}}]
+    out = asyncio.run(critic.judge(items))
+    assert sent[0] == [{"role": "system", "content": "S"}, {"role": "user", "content": "Q|1|" + quoted("A")}]
+    assert out[0] == {"critique": "ok. Your previous attempt was correct.", "verdict": True, "correct": True,
+                      "reward": 1.0, "format_ok": True}
+    assert isinstance(out[1], RuntimeError) and "HTTP 500: overloaded" in str(out[1])
+
+    llm = LLMJudgeCritic.__new__(LLMJudgeCritic)  # no engine: its generation is replaced below
+    llm.tokenizer, llm.prompts = None, judges.resolve_judge_prompts(prompts)
+    calls = []
+
+    def generate(convs, choices=None):
+        calls.append((convs, choices))
+        return ["no verdict"] if choices is None else ["Your previous attempt was incorrect."]
+
+    monkeypatch.setattr(judges, "encode", lambda tokenizer, conv: conv)
+    llm._generate = generate
+    [res] = llm._judge_all([{"prompt": "Q", "response": "A", "meta": {"answer": 1}}])
+    assert calls[0] == ([[{"role": "system", "content": "S"}, {"role": "user", "content": "Q|1|" + quoted("A")}]], None)
+    assert calls[1][0][0][-2:] == [{"role": "assistant", "content": "no verdict"},
+                                   {"role": "user", "content": "Last line!"}]
+    assert calls[1][1] == [VERDICT_LINES]
+    assert res["critique"] == "no verdict\nYour previous attempt was incorrect." and res["format_ok"]
 
 
 @pytest.mark.integration
@@ -142,7 +251,7 @@ def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path):
         silent.close()
         # A whole training run (one RL step) with this judge as its critic: the key must not
         # reach the run's files either, nor (below) any Ray log of the engines, trainer, replicas
-        from rltf_ray.config import load_config
+        from rltf_ray.loading import load_config
         from rltf_ray.runner import Pipeline
 
         run_dir = tmp_path / "run"

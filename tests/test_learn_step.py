@@ -14,7 +14,7 @@ def engine(tiny_path, gloo_world):
     import deepspeed
     from transformers import AutoModelForCausalLM
 
-    from rltf_ray.trainer import deepspeed_config
+    from rltf_ray.learner import deepspeed_config
 
     cfg = Config(trainer=TrainerConfig(zero_stage=2, bf16=False, lr=1e-3, micro_batch_size=4))
     model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
@@ -86,7 +86,7 @@ def test_lora_trains_only_the_adapters_and_syncs_merged_weights(tiny_path, tiny_
     from transformers import AutoModelForCausalLM
 
     from rltf_ray.objectives import build_examples, micro_loss, step_normalisers
-    from rltf_ray.trainer import build_model, merged_state_dict
+    from rltf_ray.learner import build_model, merged_state_dict
 
     cfg = Config(trainer=TrainerConfig(lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}))
     model = build_model(tiny_path, cfg)

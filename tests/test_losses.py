@@ -131,3 +131,30 @@ def test_kl_k3_and_token_sum():
     mask = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
     assert L.token_sum(vals, mask, 4.0).item() == pytest.approx(8 / 4)
     assert L.token_sum(vals, mask, 0.0).item() == 0.0
+
+
+def test_kl_outside_the_rl_tokens_is_zero_not_nan():
+    # position 1 is not an RL token: ref_logp is 0 there and the policy finds the token very
+    # unlikely, so exp(ref - logp) = exp(200) overflows; masked first, it never does
+    logp = torch.tensor([-1.0, -200.0], requires_grad=True)
+    ref = torch.tensor([-2.0, 0.0])
+    mask = torch.tensor([1.0, 0.0])
+    kl = L.kl_k3(logp, ref, mask)
+    total = L.token_sum(kl, mask, 1.0)
+    total.backward()
+    assert total.item() == pytest.approx(math.exp(-1))  # exp(-1) - (-1) - 1
+    assert torch.isfinite(logp.grad).all() and logp.grad[1].item() == 0.0
+    assert torch.isnan(L.token_sum(L.kl_k3(logp.detach(), ref), mask, 1.0))  # what the mask prevents
+
+
+def test_a_missing_sampler_logprob_raises():
+    from types import SimpleNamespace
+
+    from rltf_ray.stages.engine import sampled_logprobs
+
+    lp = lambda v: SimpleNamespace(logprob=v)  # noqa: E731  (vLLM's Logprob: .logprob)
+    assert sampled_logprobs([5, 7], [{5: lp(-0.5)}, {7: lp(-1.25), 3: lp(-0.1)}]) == [-0.5, -1.25]
+    with pytest.raises(RuntimeError, match="no sampler log-prob for generated token 1 \\(id 7\\)"):
+        sampled_logprobs([5, 7], [{5: lp(-0.5)}, {}])
+    with pytest.raises(RuntimeError, match="0 sampler log-probs for 2 generated tokens"):
+        sampled_logprobs([5, 7], None)

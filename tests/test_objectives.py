@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from rltf_ray.config import Config, ConfigError, LossConfig, RunConfig, load_config
+from rltf_ray.config import Config, ConfigError, LossConfig, RunConfig
+from rltf_ray.loading import load_config
 from rltf_ray.objectives import (Example, build_examples, collate, loss_terms, micro_loss,
                                  sequence_logprobs, step_normalisers)
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rltf_ray.config import load_config
+from rltf_ray.loading import load_config
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ import time
 import pytest
 import ray
 
-from rltf_ray.config import PRESET_DIR, load_config
+from rltf_ray.loading import PRESET_DIR, load_config
 from rltf_ray.runner import Pipeline
 
 pytestmark = pytest.mark.integration

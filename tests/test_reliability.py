@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from rltf_ray.config import load_config
+from rltf_ray.loading import load_config
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent

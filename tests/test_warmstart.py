@@ -5,7 +5,7 @@ import json
 import pytest
 import ray
 
-from rltf_ray.config import load_config
+from rltf_ray.loading import load_config
 from rltf_ray.stages.engine import start_engines
 from rltf_ray.tasks import get_task
 from rltf_ray.warmstart import format_demos, revision_demos, sft

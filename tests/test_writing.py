@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from rltf_ray.config import ConfigError, TaskConfig, load_config
+from rltf_ray.config import ConfigError, TaskConfig
+from rltf_ray.loading import load_config
 from rltf_ray.tasks import get_task
 from rltf_ray.tasks.writing import NoVerifierError
 
@@ -44,7 +45,7 @@ def test_writing_runs_one_step_with_judge_rewards(tmp_path, tiny_path):
     from ray import serve
 
     from rltf_ray.runner import Pipeline
-    from rltf_ray.stages.judges import parse_score
+    from rltf_ray.critics.judges import parse_score
 
     cfg = load_config("pipelines/configs/tiny.yaml",
                       JUDGED + [f"run.output_dir={tmp_path}", "run.steps=1", "run.serve_http_port=8143",

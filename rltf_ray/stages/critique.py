@@ -1,19 +1,23 @@
 """The critique stage: r0 from the task verifier, c0 from a Ray Serve critic deployment.
 
-The deployment batches requests (`@serve.batch`); the Ray Data stage sends one request per
-row, retries failures with backoff, and marks rows whose critique still failed as
-`critique_failed` (they keep their verifier reward and are counted, never dropped).
+The deployment (`rltf_ray.critics.deployment`, any registered critic) batches requests; the
+Ray Data stage sends one request per row, retries failures with backoff, and marks rows
+whose critique still failed as `critique_failed` (they keep their verifier reward and are
+counted, never dropped).
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import time
 
 from ray import serve
 
-from rltf_ray.config import TaskConfig, _build
+from rltf_ray.config import TaskConfig
+from rltf_ray.critics.base import CriticItemError  # noqa: F401  (re-exported)
+from rltf_ray.critics.deployment import (  # noqa: F401  (re-exported: runner, serve/critic_app.py)
+    MAX_REQUEST_BYTES, build_critic_app)
+from rltf_ray.critics.learned import empty_critic_columns
 from rltf_ray.graph import (FIRST_TURN_SCORE, SECOND_TURN_SCORE, CritiqueParams, RewardParams,
                             round_col)
 from rltf_ray.rounds import attempt, attempt_text
@@ -22,171 +26,6 @@ from rltf_ray.tasks import get_task
 
 def _meta(m) -> dict:
     return json.loads(m) if isinstance(m, str) else dict(m)
-
-
-# Per-request access logs would print one line per rollout row.
-DEPLOYMENT_OPTIONS = dict(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=256,
-                          logging_config={"log_level": "WARNING", "enable_access_log": False})
-
-
-MAX_REQUEST_BYTES = 1_000_000  # an HTTP critic request larger than this is refused (413)
-ITEM_ERROR = "_critic_item_error"  # a batched critic's marker for one item that failed
-
-
-class CriticItemError(ValueError):
-    """One request the critic could not judge (malformed, or its scoring raised)."""
-
-
-def per_item(fn, items: list) -> list:
-    """`fn(item)` for each item; an item that raises gets an error marker instead, so one
-    bad item never fails the other requests of its `@serve.batch`."""
-    out = []
-    for x in items:
-        try:
-            out.append(fn(x))
-        except Exception as e:  # reported to that item's caller by `judge`
-            out.append({ITEM_ERROR: f"{type(e).__name__}: {e}"[:500]})
-    return out
-
-
-def _serve_metrics() -> dict:
-    """Prometheus series of a critic replica (Serve adds the app, deployment and replica
-    tags): requests, per-item failures and latency, beside Serve's own request metrics."""
-    from ray.serve import metrics
-
-    return {"requests": metrics.Counter("rltf_critic_requests", "rltf_ray: critique requests"),
-            "errors": metrics.Counter("rltf_critic_item_errors", "rltf_ray: critique requests that failed"),
-            "latency": metrics.Histogram("rltf_critic_latency_ms", "rltf_ray: critique latency (ms)",
-                                         boundaries=[1, 5, 20, 100, 500, 2000, 10000, 60000])}
-
-
-class CriticEndpoints:
-    """What every critic deployment serves: `judge(item)` (one request; batched critics
-    implement `judge_batch`), HTTP with size and shape checks, and call counters."""
-
-    batches = 0
-    requests = 0
-    _metrics: dict | None = None
-
-    async def judge(self, item: dict) -> dict:
-        if self._metrics is None:
-            self._metrics = _serve_metrics()
-        start = time.perf_counter()
-        try:
-            res = await self.judge_batch(item)
-        except Exception:
-            # a whole batch that fails (engine died, timeout) still counts as a request and an error
-            self._metrics["errors"].inc()
-            raise
-        finally:
-            self._metrics["requests"].inc()
-            self._metrics["latency"].observe(1000 * (time.perf_counter() - start))
-        if isinstance(res, dict) and ITEM_ERROR in res:
-            self._metrics["errors"].inc()
-            raise CriticItemError(res[ITEM_ERROR])
-        return res
-
-    async def __call__(self, request):
-        from starlette.responses import JSONResponse
-
-        body = await request.body()
-        if len(body) > MAX_REQUEST_BYTES:
-            return JSONResponse({"error": f"request body is {len(body)} bytes; the limit is "
-                                          f"{MAX_REQUEST_BYTES}"}, status_code=413)
-        try:
-            item = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return JSONResponse({"error": f"request body is not JSON: {e}"}, status_code=400)
-        try:
-            return await self.judge(item)
-        except CriticItemError as e:
-            return JSONResponse({"error": str(e)}, status_code=400)
-
-    def stats(self) -> dict:
-        return {"batches": self.batches, "requests": self.requests}
-
-
-@serve.deployment(**DEPLOYMENT_OPTIONS)
-class ProgrammaticCritic(CriticEndpoints):
-    """Wraps the task's programmatic score and critique.
-
-    Request: {"response": str, "meta": dict | JSON str}.
-    Response: {"reward": float, "correct": bool, "format_ok": bool, "critique": str}.
-    """
-
-    def __init__(self, task: dict, max_batch_size: int = 64, batch_wait_timeout_s: float = 0.01):
-        self.task = get_task(_build(TaskConfig, task, "task"))
-        self.judge_batch.set_max_batch_size(max_batch_size)
-        self.judge_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
-
-    def judge_one(self, item: dict) -> dict:
-        if not isinstance(item, dict) or not isinstance(item.get("response"), str) or "meta" not in item:
-            raise ValueError("critic request must be {'response': str, 'meta': object}")
-        meta = _meta(item["meta"])
-        s = self.task.score(item["response"], meta)
-        return {"reward": s.reward, "correct": s.correct, "format_ok": s.format_ok,
-                "critique": self.task.critique(item["response"], meta)}
-
-    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.01)
-    async def judge_batch(self, items: list[dict]) -> list[dict]:
-        self.batches += 1
-        self.requests += len(items)
-        # scoring can be CPU-heavy (math-verify, puzzles): keep the replica's event loop free
-        return await asyncio.to_thread(per_item, self.judge_one, items)
-
-
-@serve.deployment(**DEPLOYMENT_OPTIONS)
-class CorrectnessOnlyCritic(ProgrammaticCritic.func_or_class):
-    """Ablation: the critique carries only the verdict, no information about the error."""
-
-    def judge_one(self, item: dict) -> dict:
-        out = super().judge_one(item)
-        out["critique"] = ("Your previous answer was correct." if out["correct"]
-                           else "Your previous answer was incorrect.")
-        return out
-
-
-def build_critic_app(task_cfg: TaskConfig, p: CritiqueParams, learned: dict | None = None):
-    """The Serve application for `p.critic`, with replicas or autoscaling from the config.
-    `learned` (critic 'learned' only): {"engine_names", "model_path", "binac"}."""
-    import dataclasses
-
-    from rltf_ray.config import ConfigError, EngineConfig
-
-    opts: dict = {"num_replicas": p.num_replicas}
-    if p.max_replicas is not None:
-        opts = {"autoscaling_config": {"min_replicas": p.min_replicas, "max_replicas": p.max_replicas,
-                                       "target_ongoing_requests": p.target_ongoing_requests}}
-    opts["ray_actor_options"] = {**DEPLOYMENT_OPTIONS["ray_actor_options"], "resources": dict(p.resources)}
-    if p.critic in ("programmatic", "correctness_only"):
-        cls = ProgrammaticCritic if p.critic == "programmatic" else CorrectnessOnlyCritic
-        return cls.options(**opts).bind(dataclasses.asdict(task_cfg), p.max_batch_size,
-                                         p.batch_wait_timeout_s)
-    if p.critic == "llm_judge":
-        from rltf_ray.models import resolve_dtype, resolve_model
-        from rltf_ray.stages.engine import engine_env
-        from rltf_ray.stages.judges import LLMJudgeCritic
-
-        env = engine_env(EngineConfig(), use_gpu=False)
-        opts["ray_actor_options"] = {"num_cpus": 1, "runtime_env": {"env_vars": env},
-                                     "resources": dict(p.resources)}
-        return LLMJudgeCritic.options(**opts).bind(
-            resolve_model(p.judge_model), resolve_dtype("auto", False), p.judge_max_tokens,
-            2048, p.max_batch_size, max(p.batch_wait_timeout_s, 0.05))
-    if p.critic == "learned":
-        from rltf_ray.stages.learned_critic import LearnedCritic
-
-        if learned is None:
-            raise ConfigError("critic 'learned' runs inside a pipeline, which starts its engines")
-        return LearnedCritic.options(**opts).bind(learned["engine_names"], learned["model_path"],
-                                                  learned["binac"], p.max_batch_size,
-                                                  max(p.batch_wait_timeout_s, 0.05))
-    if p.critic == "openai":
-        from rltf_ray.stages.judges import OpenAICritic
-
-        return OpenAICritic.options(**opts).bind(p.base_url, p.model, p.api_key_env,
-                                                 p.judge_max_tokens, p.timeout_s)
-    raise ConfigError(f"critique node: unknown critic '{p.critic}'")
 
 
 def request_critiques(handle, items: list[dict], p: CritiqueParams) -> tuple[list, list[str]]:
@@ -205,6 +44,9 @@ def request_critiques(handle, items: list[dict], p: CritiqueParams) -> tuple[lis
                 results[i] = resp.result(timeout_s=max(0.01, deadline - time.monotonic()))
             except Exception as e:  # timeout, replica crash, bad response: all retried
                 resp.cancel()
+                # the critic's own error, not Ray's wrapper, whose replica traceback comes first
+                cause = getattr(e, "cause", None)
+                e = cause if isinstance(cause, Exception) else e
                 errors[i] = f"{type(e).__name__}: {e}"[:300]
                 failed.append(i)
         pending = failed
@@ -268,8 +110,6 @@ def make_critique(task_cfg: TaskConfig, p: CritiqueParams, turns: int = 2, criti
     row; a row the critic then fails on gets a NaN reward and is left out of training.
     A learned critic (Bi-NAC) also fills its own columns in round 1; with `critique_correct`
     it critiques correct first answers too, for its own training only (no actor revision)."""
-    from rltf_ray.stages.learned_critic import empty_critic_columns
-
     k = p.round
     learned = p.critic == "learned" and k == 1
 

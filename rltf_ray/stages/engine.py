@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import ray
 
 from rltf_ray.config import EngineConfig
-from rltf_ray.metrics import peak_rss_gb
+from rltf_ray.memory import peak_rss_gb
 from rltf_ray.realtime import make_realtime
 
 
@@ -64,6 +64,21 @@ class GenOut:
     finish_reason: str
 
 
+def sampled_logprobs(ids: list[int], logprobs) -> list[float]:
+    """The sampler's log-prob of each generated token (vLLM's per-position {id: Logprob}). A
+    missing one is an error: a made-up value would silently bias every ratio of the sample."""
+    got = []
+    for pos, (tok, d) in enumerate(zip(ids, logprobs or [])):
+        if not d or tok not in d:
+            raise RuntimeError(f"vLLM returned no sampler log-prob for generated token {pos} (id {tok}); "
+                               "the RL ratio needs one per token")
+        got.append(float(d[tok].logprob))
+    if len(got) != len(ids):
+        raise RuntimeError(f"vLLM returned {len(got)} sampler log-probs for {len(ids)} generated tokens; "
+                           "the RL ratio needs one per token")
+    return got
+
+
 class PolicyEngine:
     """One vLLM engine (wrapped as a Ray actor by `start_engines`)."""
 
@@ -85,7 +100,10 @@ class PolicyEngine:
             kwargs["block_size"] = cfg.block_size
         if use_gpu:
             kwargs["worker_extension_cls"] = "rltf_ray.weight_sync.nccl.EngineWorkerExtension"
-            kwargs["gpu_memory_utilization"] = 0.5
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+            if cfg.tensor_parallel_size > 1:
+                # the engine's other GPU workers are processes of this actor, on its GPUs
+                kwargs.update(tensor_parallel_size=cfg.tensor_parallel_size, distributed_executor_backend="mp")
         self.vllm = VLLMThread()
         self.llm = self.vllm.run(LLM, **kwargs)
         self.version = 0
@@ -131,8 +149,7 @@ class PolicyEngine:
             group = []
             for c in o.outputs:
                 ids = list(c.token_ids)
-                lps = [next(iter(d.values())).logprob if d else 0.0 for d in (c.logprobs or [])]
-                group.append(GenOut(c.text, ids, lps, c.finish_reason or "unknown"))
+                group.append(GenOut(c.text, ids, sampled_logprobs(ids, c.logprobs), c.finish_reason or "unknown"))
                 tokens += len(ids)
             result.append(group)
         return {"outputs": result, "version": version, "seconds": seconds, "tokens": tokens,
@@ -182,7 +199,7 @@ def start_engines(model_path: str, cfg: EngineConfig, dtype: str, seed: int,
                     runtime_env={"env_vars": engine_env(cfg, use_gpu)})
         if name:
             opts["name"] = f"{name}-{i}"
-        opts.update({"num_gpus": 1} if use_gpu else {"num_cpus": 1})
+        opts.update({"num_gpus": cfg.tensor_parallel_size} if use_gpu else {"num_cpus": 1})
         if cfg.resources:
             opts["resources"] = dict(cfg.resources)
         if restore_from and not use_gpu:  # a restarted GPU engine could not rejoin the NCCL group

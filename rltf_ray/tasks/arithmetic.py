@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from rltf_ray.config import ConfigError
+from rltf_ray.errors import ConfigError
 from rltf_ray.tasks.base import Task, register_task
 
 ORDINALS = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth",

@@ -10,9 +10,13 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-from rltf_ray.config import ConfigError, TaskConfig
+from rltf_ray.errors import ConfigError
+from rltf_ray.plugins import load_env_plugins
+
+if TYPE_CHECKING:  # the config module is not imported at run time: tasks stay below it
+    from rltf_ray.config import TaskConfig
 
 MAX_ANSWER_CHARS = 20_000  # the answer inside the tags; anything longer is cut
 
@@ -46,7 +50,7 @@ class Task(ABC):
     # (llm_judge or openai), in the critique stage (r0) and the reward stage (revisions).
     has_verifier = True
 
-    def __init__(self, cfg: TaskConfig):
+    def __init__(self, cfg: "TaskConfig"):
         self.cfg = cfg
         if cfg.extraction not in ("tag", "last_number"):
             raise ConfigError(f"task.extraction: expected 'tag' or 'last_number', got {cfg.extraction!r}")
@@ -151,7 +155,7 @@ class FileTask(Task):
     default_holdout = 10
     extra_params: tuple[str, ...] = ()
 
-    def __init__(self, cfg: TaskConfig):
+    def __init__(self, cfg: "TaskConfig"):
         super().__init__(cfg)
         params = dict(cfg.params)
         path = Path(params.pop("path", self.builtin))
@@ -201,11 +205,21 @@ class FileTask(Task):
         return dict(self.problems[i])
 
 
-_REGISTRY: dict[str, Callable[[TaskConfig], Task]] = {}
+_REGISTRY: dict[str, Callable[["TaskConfig"], Task]] = {}
 
 
 def register_task(name: str):
+    """Class decorator: `@register_task("my_task")` makes `task.name: my_task` build it. In a
+    plugin module (config `plugins:`), it registers in every Ray process that loads the plugin."""
+    if not isinstance(name, str) or not name or name.startswith("rg:"):
+        raise ValueError(f"register_task: a non-empty name not starting with 'rg:' is required, got {name!r}")
+
     def deco(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Task)):
+            raise TypeError(f"register_task({name!r}): {cls!r} is not a subclass of rltf_ray.Task")
+        old = _REGISTRY.get(name)
+        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"register_task({name!r}): already registered by {old.__module__}.{old.__qualname__}")
         _REGISTRY[name] = cls
         cls.name = name
         return cls
@@ -213,21 +227,26 @@ def register_task(name: str):
 
 
 def task_names() -> list[str]:
+    load_env_plugins()
     return sorted(_REGISTRY)
+
+
+def task_class(name: str) -> type[Task] | None:
+    """The registered class (None for an unknown name or a reasoning-gym `rg:` task)."""
+    if name not in _REGISTRY:
+        load_env_plugins()  # a Ray worker imports the driver's plugins on first use
+    return _REGISTRY.get(name)
 
 
 def task_has_verifier(name: str) -> bool:
     """Without building the task (config validation); unknown names count as verified."""
-    cls = _REGISTRY.get(name)
+    cls = task_class(name)
     return True if cls is None else cls.has_verifier
 
 
-def get_task(cfg: TaskConfig) -> Task:
-    if cfg.name.startswith("rg:"):
-        from rltf_ray.tasks.puzzles import rg_task
-
-        return rg_task(cfg)
-    if cfg.name not in _REGISTRY:
+def registered_task(cfg: "TaskConfig") -> Task:
+    """The registered task `cfg.name`, built (`rltf_ray.tasks.get_task` also builds `rg:` ones)."""
+    if task_class(cfg.name) is None:
         raise ConfigError(f"task.name: unknown task '{cfg.name}' (known: {', '.join(task_names())}, "
                           "or rg:<reasoning-gym dataset>)")
     return _REGISTRY[cfg.name](cfg)

@@ -7,7 +7,7 @@ import logging
 import threading
 from pathlib import Path
 
-from rltf_ray.config import ConfigError
+from rltf_ray.errors import ConfigError
 from rltf_ray.tasks.base import LAST_NUMBER, FileTask, register_task
 
 BUILTIN = Path(__file__).parent / "data" / "math_small.jsonl"

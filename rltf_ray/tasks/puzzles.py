@@ -7,7 +7,7 @@ import json
 import re
 from collections import deque
 
-from rltf_ray.config import ConfigError
+from rltf_ray.errors import ConfigError
 from rltf_ray.tasks.base import Task, register_task
 
 TRAIN_SIZE, TEST_SIZE = 19_800, 200  # 20,000 problems; the last 200 are held out

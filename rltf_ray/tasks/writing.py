@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rltf_ray.config import ConfigError
+from rltf_ray.errors import ConfigError
 from rltf_ray.tasks.base import FileTask, last_tagged, register_task
 
 BUILTIN = Path(__file__).parent / "data" / "writing_prompts.jsonl"

@@ -1,4 +1,3 @@
-"""Moving the trainer's weights into the vLLM engines after every optimizer step."""
-from rltf_ray.weight_sync.interfaces import WeightSync, make_weight_sync
-
-__all__ = ["WeightSync", "make_weight_sync"]
+"""Moving the trainer's weights into the vLLM engines after every optimizer step:
+`interfaces.WeightSync` (what a sync does), `factory.make_weight_sync` (which one a config
+selects), `object_store` (CPU) and `nccl` (GPU, not run on the build machine)."""

@@ -22,23 +22,5 @@ class WeightSync(ABC):
         """Send the full weights; returns once every engine serves `version`."""
 
     @abstractmethod
-    def engine_versions(self) -> list[int]:
-        """The policy version each engine serves now."""
-
-    @abstractmethod
     def close(self) -> None:
         """Release channels; the engines keep their weights."""
-
-
-def make_weight_sync(kind: str, dtype: torch.dtype, keep: tuple[str, str] | None = None) -> WeightSync:
-    from rltf_ray.config import ConfigError
-
-    if kind == "object_store":
-        from rltf_ray.weight_sync.object_store import ObjectStoreSync
-
-        return ObjectStoreSync(dtype, keep)
-    if kind == "nccl":
-        from rltf_ray.weight_sync.nccl import NcclSync
-
-        return NcclSync(dtype)
-    raise ConfigError(f"trainer.weight_sync: expected 'object_store' or 'nccl', got {kind!r}")

@@ -2,8 +2,9 @@
 rank 0 into every engine worker, the OpenRLHF / vLLM-RLHF-example pattern.
 
 Trainer rank 0 is rank 0 of a StatelessProcessGroup that also holds each engine's worker
-(ranks 1..N; tensor parallel 1 per engine). For every parameter, rank 0 broadcasts the
-tensor; the engine workers receive into fresh buffers and call the model's load_weights.
+(with T GPUs per engine, engine i's worker r is rank 1 + i*T + r). For every parameter,
+rank 0 broadcasts the full tensor; every engine worker receives it into a fresh buffer and
+calls the model's load_weights, whose weight loaders keep the worker's tensor-parallel shard.
 """
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ def _free_port() -> int:
 
 
 class NcclSync(WeightSync):
-    def __init__(self, dtype: torch.dtype):
+    def __init__(self, dtype: torch.dtype, tensor_parallel_size: int = 1):
         self.dtype = dtype
+        self.tp = tensor_parallel_size
         self.engines: list = []
         self.comm = None
 
@@ -34,10 +36,11 @@ class NcclSync(WeightSync):
         self.engines = list(engines)
         host = ray.util.get_node_ip_address()
         port = _free_port()
-        world = 1 + len(engines)
-        # Engines join first (their calls block until rank 0 creates the store).
+        world = 1 + len(engines) * self.tp
+        # Engines join first (their calls block until rank 0 creates the store); collective_rpc
+        # reaches every worker of an engine, which adds its own rank within the engine.
         joins = [e.collective_rpc.remote("init_weight_group",
-                                         {"host": host, "port": port, "rank": 1 + i,
+                                         {"host": host, "port": port, "rank_offset": 1 + i * self.tp,
                                           "world_size": world})
                  for i, e in enumerate(engines)]
         pg = StatelessProcessGroup.create(host=host, port=port, rank=0, world_size=world)
@@ -55,8 +58,6 @@ class NcclSync(WeightSync):
         stream.synchronize()
         ray.get(done)
 
-    def engine_versions(self) -> list[int]:
-        return ray.get([e.ready.remote() for e in self.engines])
 
     def close(self) -> None:
         self.comm = None
@@ -66,11 +67,13 @@ class NcclSync(WeightSync):
 class EngineWorkerExtension:
     """Mixed into each vLLM GPU worker via `worker_extension_cls`."""
 
-    def init_weight_group(self, host: str, port: int, rank: int, world_size: int) -> None:
+    def init_weight_group(self, host: str, port: int, rank_offset: int, world_size: int) -> None:
         from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
         from vllm.distributed.utils import StatelessProcessGroup
 
-        pg = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
+        # self.rank: this worker's rank within its engine (0 with one GPU per engine)
+        pg = StatelessProcessGroup.create(host=host, port=port, rank=rank_offset + self.rank,
+                                          world_size=world_size)
         self.weight_comm = PyNcclCommunicator(pg, device=self.device)
 
     def receive_weights(self, names: list[str], dtype: str, shapes: list[list[int]]) -> None:

@@ -33,8 +33,6 @@ class ObjectStoreSync(WeightSync):
         ray.get(calls)
         del ref
 
-    def engine_versions(self) -> list[int]:
-        return ray.get([e.ready.remote() for e in self.engines])
 
     def close(self) -> None:
         self.engines = []

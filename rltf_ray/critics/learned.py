@@ -1,4 +1,4 @@
-"""Bi-NAC's learned critic: a Serve deployment in front of the critic's own vLLM engines.
+"""Bi-NAC's learned critic: a critic in front of the critic model's own vLLM engines.
 
 The engines are `PolicyEngine` actors like the actor's, started by the runner and addressed
 by name, so that the trainer's `WeightSync` pushes the critic's new weights into them
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 
-import ray
-from ray import serve
-
 from rltf_ray.chat import encode, load_tokenizer
-from rltf_ray.config import BinacConfig, _build
-from rltf_ray.stages.critique import DEPLOYMENT_OPTIONS, CriticEndpoints, per_item
-from rltf_ray.stages.judges import CLOSE, INJECTION_NOTE, OPEN, _item_fields, parse_verdict
+from rltf_ray.critics.base import Critic, per_item, register_critic
+from rltf_ray.critics.judge_prompts import CLOSE, INJECTION_NOTE, OPEN
+from rltf_ray.critics.judges import item_fields, parse_verdict
+from rltf_ray.errors import ConfigError
+
+CONTEXT_KEYS = ("engine_names", "model_path", "binac")
 
 
 def critic_messages(system: str, question: str, attempt: str, verdict: bool | None) -> list[dict]:
@@ -35,32 +35,43 @@ def empty_critic_columns() -> dict:
             "critic_format_ok": []}
 
 
-@serve.deployment(**DEPLOYMENT_OPTIONS)
-class LearnedCritic(CriticEndpoints):
-    """Request: {"prompt", "response", "meta", "verdict": bool} (the verifier's verdict, shown
-    to a verdict-aware critic). Response: the first critique as "critique" (what the actor
+@register_critic("learned")
+class LearnedCritic(Critic):
+    """Item: {"prompt", "response", "meta", "verdict": bool} (the verifier's verdict, shown
+    to a verdict-aware critic). Result: the first critique as "critique" (what the actor
     revises from), all K with their token ids, log-probs, verdicts and format flags, the
     critic's prompt ids and the version of the weights that wrote them."""
 
-    def __init__(self, engine_names: list[str], model_path: str, binac: dict,
-                 max_batch_size: int = 64, batch_wait_timeout_s: float = 0.05):
+    uses_critic_params = False
+    min_batch_wait_s = 0.05  # a bigger batch is a cheaper engine call
+
+    @classmethod
+    def prepare(cls, params, context: dict) -> dict:
+        if any(k not in context for k in CONTEXT_KEYS):
+            raise ConfigError("critic 'learned' runs inside a pipeline, which starts its engines")
+        return context
+
+    @classmethod
+    def from_params(cls, task, params, context: dict):
+        return cls(task, *(context[k] for k in CONTEXT_KEYS))
+
+    def __init__(self, task, engine_names: list[str], model_path: str, binac: dict):
+        import ray
+
+        from rltf_ray.config import BinacConfig, _build
+
         self.engines = [ray.get_actor(n) for n in engine_names]
         self.model_path = model_path
         self.b = _build(BinacConfig, binac, "binac")
-        self.judge_batch.set_max_batch_size(max_batch_size)
-        self.judge_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
     def _prompt(self, item: dict) -> list[int]:
-        question, attempt, _ = _item_fields(item)
+        question, attempt, _ = item_fields(item)
         verdict = bool(item["verdict"]) if self.b.verdict_aware and "verdict" in item else None
         return encode(load_tokenizer(self.model_path), critic_messages(self.b.prompt, question, attempt, verdict))
 
-    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.05)
-    async def judge_batch(self, items: list[dict]) -> list[dict]:
-        self.batches += 1
-        self.requests += len(items)
-        out: list = per_item(self._prompt, items)  # a malformed item fails alone
-        good = [i for i, x in enumerate(out) if not isinstance(x, dict)]
+    async def judge(self, items: list[dict]) -> list:
+        out: list = per_item(self._prompt, items)  # an item that cannot be encoded fails alone
+        good = [i for i, x in enumerate(out) if not isinstance(x, Exception)]
         prompts = {i: out[i] for i in good}
         shards = [good[i::len(self.engines)] for i in range(len(self.engines))]
         calls = [(idx, e.generate.remote([prompts[i] for i in idx], n=self.b.critiques_per_attempt,

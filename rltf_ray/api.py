@@ -1,0 +1,240 @@
+"""The Python API, in RLlib's shape: a config builder, `build()`, then `train()` per step.
+
+    import rltf_ray
+
+    config = (rltf_ray.RLTFConfig.from_yaml("pipelines/configs/tiny.yaml")
+              .preset("rltf_sd")
+              .training(lr=1e-5)
+              .run(steps=4, output_dir="outputs/mine")
+              .plugins("my_task.py"))
+    with config.build() as algo:
+        for _ in range(4):
+            print(algo.train()["reward_mean"])
+        algo.evaluate()
+        path = algo.save()
+
+Every setter mirrors a section of the YAML config and checks its keys at once; `build()`
+validates the whole config (the same checks as `pipelines/run.py`) before anything starts.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import yaml
+
+from rltf_ray import config as C
+from rltf_ray.errors import ConfigError
+from rltf_ray.loading import config_from_data
+
+SECTIONS = {"model": C.ModelConfig, "task": C.TaskConfig, "engine": C.EngineConfig, "loss": C.LossConfig,
+            "trainer": C.TrainerConfig, "run": C.RunConfig, "eval": C.EvalConfig, "binac": C.BinacConfig}
+
+
+class RLTFConfig:
+    """A mutable builder over the YAML config's data; each setter returns the builder."""
+
+    def __init__(self, data: dict | None = None):
+        self._data: dict = copy.deepcopy(data or {})
+        self._overrides: list[str] = []
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "RLTFConfig":
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        data = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: top level must be a mapping")
+        return cls(data)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RLTFConfig":
+        return cls(data)
+
+    def to_dict(self) -> dict:
+        """The builder's own data (what a YAML file would hold), not the resolved config."""
+        return copy.deepcopy(self._data)
+
+    def copy(self) -> "RLTFConfig":
+        new = RLTFConfig(self._data)
+        new._overrides = list(self._overrides)
+        return new
+
+    def _section(self, name: str, values: dict) -> "RLTFConfig":
+        known = {f.name for f in dataclasses.fields(SECTIONS[name])}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"{name}: unknown key '{unknown[0]}' (known: {', '.join(sorted(known))})")
+        self._data.setdefault(name, {}).update(copy.deepcopy(values))
+        return self
+
+    def model(self, **values) -> "RLTFConfig":
+        return self._section("model", values)
+
+    def task(self, name: str | None = None, **values) -> "RLTFConfig":
+        return self._section("task", {**({"name": name} if name else {}), **values})
+
+    def engine(self, **values) -> "RLTFConfig":
+        return self._section("engine", values)
+
+    def loss(self, **values) -> "RLTFConfig":
+        return self._section("loss", values)
+
+    def training(self, **values) -> "RLTFConfig":
+        """The learner's settings (the `trainer:` section): lr, zero_stage, lora, ..."""
+        return self._section("trainer", values)
+
+    def run(self, **values) -> "RLTFConfig":
+        return self._section("run", values)
+
+    def evaluation(self, **values) -> "RLTFConfig":
+        """The held-out evaluation's settings (the `eval:` section)."""
+        return self._section("eval", values)
+
+    def binac(self, **values) -> "RLTFConfig":
+        return self._section("binac", values)
+
+    def preset(self, name: str) -> "RLTFConfig":
+        """An objective preset by name (see `rltf_ray.preset_names()`) or a YAML path."""
+        self._data["preset"] = name
+        return self
+
+    def plugins(self, *specs: str) -> "RLTFConfig":
+        """Modules (import names or .py paths) that register your tasks and critics."""
+        self._data["plugins"] = [*self._data.get("plugins", []), *specs]
+        return self
+
+    def node(self, name: str, **params) -> "RLTFConfig":
+        """Parameters of one pipeline node, e.g. `.node("critic", critic="my_critic")`."""
+        self._overrides += [f"pipeline.{name}.{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"
+                            for k, v in params.items()]
+        return self
+
+    def pipeline(self, nodes: list[dict]) -> "RLTFConfig":
+        """The whole pipeline graph, as the YAML's `pipeline:` list of nodes."""
+        self._data["pipeline"] = copy.deepcopy(nodes)
+        return self
+
+    def override(self, *assignments: str) -> "RLTFConfig":
+        """`section.key=value` overrides, exactly as on the command line."""
+        self._overrides += list(assignments)
+        return self
+
+    def resolve(self) -> C.Config:
+        """The validated, frozen Config (presets applied, graph checked); starts nothing."""
+        return config_from_data(self._data, self._overrides)
+
+    def build(self) -> "RLTF":
+        return RLTF(self.resolve())
+
+
+class RLTF:
+    """A built run: `train()` runs one RL step. Ray, the engines, the critic app and the
+    learner start on the first call that needs them and stay until `stop()`."""
+
+    def __init__(self, cfg: C.Config):
+        self.config = cfg
+        self._pipe = None
+        self._restore_from: str | None = None
+        self._stopped = False
+
+    def _pipeline(self, train: bool = True):
+        if self._stopped:
+            raise RuntimeError("this RLTF was stopped; build() a new one")
+        if self._pipe is None:
+            from rltf_ray.runner import Pipeline
+
+            cfg = self.config
+            if self._restore_from is not None:
+                cfg = dataclasses.replace(cfg, run=dataclasses.replace(
+                    cfg.run, output_dir=self._restore_from, resume="must"))
+            self._pipe = Pipeline(cfg)
+            self._pipe.start(train=train)
+            self._trains = train
+            if train:
+                self._pipe.begin()
+        elif train and not self._trains:
+            raise RuntimeError("evaluate() before train() started the engines without a learner; "
+                               "call train() first, or build() a new RLTF to train")
+        return self._pipe
+
+    @property
+    def iteration(self) -> int:
+        """Steps trained so far (including those restored from a checkpoint)."""
+        return 0 if self._pipe is None or self._pipe.next_step is None else self._pipe.next_step
+
+    def train(self) -> dict:
+        """One RL step: rollouts, critiques, revisions, the learner's update and the weight
+        sync. Returns that step's metrics row (`step` is 0-based). After the last of
+        `run.steps`, the run is finished (summary.json, the "after" evaluation)."""
+        pipe = self._pipeline()
+        row = pipe.train_step()
+        if pipe.finished:
+            pipe.end()
+        return row
+
+    def evaluate(self) -> dict:
+        """Held-out evaluation of the current policy with every measure `eval` asks for."""
+        return self._pipeline(train=self._pipe is None or self._trains).evaluate()
+
+    def save(self) -> str:
+        """Checkpoint the learner's state after the steps trained so far; returns the run's
+        output dir, which `restore()` (or `pipelines/run.py --resume`) continues from."""
+        if self._pipe is None or not self._trains:
+            raise RuntimeError("save() before the first train(): nothing is trained yet")
+        return self._pipe.save()
+
+    def restore(self, output_dir: str) -> None:
+        """Continue the run saved in `output_dir` (its checkpoints and metrics): call it on a
+        freshly built RLTF, before the first train(); training resumes after the saved step."""
+        if self._pipe is not None:
+            raise RuntimeError("restore() must come before the first train() or evaluate(); "
+                               "build() a new RLTF to restore into")
+        if not Path(output_dir).is_dir():
+            raise ConfigError(f"restore: no such output dir: {output_dir}")
+        self._restore_from = str(Path(output_dir).resolve())
+
+    def stop(self) -> None:
+        if self._pipe is not None:
+            self._pipe.stop()
+        self._stopped = True
+
+    def __enter__(self) -> "RLTF":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def tune_trainable(base: RLTFConfig):
+    """A Ray Tune function trainable over `base`: each trial's config maps override keys
+    (`"trainer.lr"`, `"pipeline.critic.critic"`) to values, runs `run.steps` steps in the
+    trial's own folder and reports every step's metrics.
+
+        tuner = tune.Tuner(rltf_ray.tune_trainable(config),
+                           param_space={"trainer.lr": tune.grid_search([1e-5, 3e-5])})
+    """
+    data, overrides = base.to_dict(), list(base._overrides)
+
+    def trainable(params: dict) -> None:
+        from ray import tune
+
+        ctx = tune.get_context()
+        trial = ctx.get_trial_id()
+        config = RLTFConfig(data).override(*overrides)
+        config.override(*(f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}" for k, v in params.items()))
+        # every trial has its own folder and critic app (trials may share one Ray)
+        config.run(output_dir=str(Path(ctx.get_trial_dir()) / "rltf"))
+        config.node(_critic_node(config), app_name=f"rltf_critic_{trial}")
+        with config.build() as algo:
+            while not algo._pipe or not algo._pipe.finished:
+                row = algo.train()
+                tune.report({k: v for k, v in row.items() if isinstance(v, (int, float, bool))})
+
+    return trainable
+
+
+def _critic_node(config: RLTFConfig) -> str:
+    return config.resolve().node("critique").name

@@ -1,0 +1,178 @@
+"""Loading a Config: YAML, presets, `a.b=c` overrides and plugins, then the graph's
+validation. Kept apart from rltf_ray/config.py (the typed dataclasses alone) so that the
+config does not need the graph, and the graph can import the config."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rltf_ray.config import DEFAULT_PIPELINE, Config, _build
+from rltf_ray.errors import ConfigError
+from rltf_ray.graph import expand_rounds, validate
+from rltf_ray.plugins import is_path, load_plugins
+
+
+def _parse_scalar(text: str) -> Any:
+    return yaml.safe_load(text) if text != "" else ""
+
+
+def apply_override(data: dict, override: str) -> None:
+    """Apply `a.b.c=value` to a nested dict; `pipeline.<node>.<param>=v` sets node params."""
+    if "=" not in override:
+        raise ConfigError(f"override '{override}': expected key=value")
+    key, _, raw = override.partition("=")
+    parts = key.strip().split(".")
+    value = _parse_scalar(raw)
+    if parts[0] == "pipeline":
+        if len(parts) != 3:
+            raise ConfigError(f"override '{override}': use pipeline.<node>.<param>=value")
+        nodes = data.setdefault("pipeline", [dataclasses.asdict(n) for n in DEFAULT_PIPELINE])
+        match = [n for n in nodes if n.get("name") == parts[1]]
+        if not match:
+            raise ConfigError(f"override '{override}': no pipeline node named '{parts[1]}'")
+        match[0].setdefault("params", {})[parts[2]] = value
+        return
+    cur = data
+    for p in parts[:-1]:
+        nxt = cur.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"override '{override}': '{p}' is not a section")
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+PRESET_DIR = Path(__file__).resolve().parent / "presets"  # shipped in the wheel
+
+
+def preset_file(preset: str) -> Path:
+    """A preset by name (rltf_ray/presets/NAME.yaml) or the path of a YAML file of one's own."""
+    if preset.endswith((".yaml", ".yml")):
+        p = Path(preset)
+        if not p.is_file():
+            raise ConfigError(f"preset file not found: {p}")
+        return p
+    p = PRESET_DIR / f"{preset}.yaml"
+    if not p.is_file():
+        raise ConfigError(f"unknown preset '{preset}' (known: {', '.join(preset_names())}, or a .yaml path)")
+    return p
+
+
+def preset_names() -> list[str]:
+    return sorted(f.stem for f in PRESET_DIR.glob("*.yaml"))
+
+
+def preset_description(name: str) -> str:
+    return str((yaml.safe_load(preset_file(name).read_text()) or {}).get("description", ""))
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _lookup(data: dict, dotted: str):
+    for part in dotted.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: typing.Sequence[str] = (),
+                preset: str | None = None, plugins: typing.Sequence[str] = ()) -> Config:
+    """A Config from a YAML file (or the defaults), a preset, overrides and extra plugins
+    (`--plugin`, added to the file's `plugins:`)."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        loaded = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: top level must be a mapping")
+        data = loaded
+    if plugins:
+        data = {**data, "plugins": [*(data.get("plugins") or []), *plugins]}
+    return config_from_data(data, overrides, preset)
+
+
+def config_from_data(data: dict, overrides: typing.Sequence[str] = (), preset: str | None = None) -> Config:
+    """A validated Config from a config's plain data (as a YAML file holds it), a preset
+    (`preset` wins over the data's own `preset:` key) and `a.b=c` overrides."""
+    data = dict(data)
+    file_preset = data.pop("preset", None)  # --preset wins over the config's own
+    preset = preset or file_preset
+    if preset:
+        preset_data = yaml.safe_load(preset_file(preset).read_text()) or {}
+        preset_data.pop("description", None)
+        node_defaults = preset_data.pop("node_params", {})
+        # keys that define the preset (fixed_critic's frozen critic): a config or override
+        # that changes one would silently turn the preset into another method
+        locked = {k: _lookup(preset_data, k) for k in preset_data.pop("locked", [])}
+        data = _merge(preset_data, data)
+    else:
+        node_defaults, locked = {}, {}
+    for o in overrides:
+        apply_override(data, o)
+    for key, want in locked.items():
+        if _lookup(data, key) != want:
+            raise ConfigError(f"preset '{preset}' fixes {key} = {want!r}; the config or an override "
+                              f"sets {_lookup(data, key)!r}. Drop that setting or choose another preset")
+    if node_defaults:  # a preset's node params fill what the config and overrides left unset
+        nodes = data.setdefault("pipeline", [dataclasses.asdict(n) for n in DEFAULT_PIPELINE])
+        for n in nodes:
+            if isinstance(n, dict) and n.get("kind") in node_defaults:
+                n["params"] = {**node_defaults[n["kind"]], **(n.get("params") or {})}
+    return build_config(data)
+
+
+def _absolute_plugins(data: dict) -> None:
+    """A plugin given as a relative .py path is made absolute (a resumed run, or a worker's
+    config dict, must find it whatever the working directory)."""
+    plugins = data.get("plugins")
+    if isinstance(plugins, list):
+        data["plugins"] = [str(Path(p).resolve()) if isinstance(p, str) and is_path(p) and Path(p).is_file()
+                           else p for p in plugins]
+
+
+def build_config(data: dict) -> Config:
+    """A validated Config from a plain dict: plugins are imported first (they register the
+    tasks and critics that validation looks up), then the graph is expanded and checked."""
+    _absolute_plugins(data)
+    plugins = data.get("plugins") or []
+    if not isinstance(plugins, list):
+        raise ConfigError(f"plugins: expected a list of module names or .py paths, got {plugins!r}")
+    load_plugins(plugins)
+    cfg = expand_rounds(_build(Config, data, ""))
+    check_task_name(cfg.task.name)
+    validate(cfg)
+    return cfg
+
+
+def check_task_name(name: str) -> None:
+    """The task must be registered (built in, or by a plugin) where Ray workers can import it."""
+    from rltf_ray.tasks import task_class, task_names
+
+    if name.startswith("rg:"):
+        return
+    cls = task_class(name)
+    if cls is None:
+        raise ConfigError(f"task.name: unknown task '{name}' (known: {', '.join(task_names())}, or "
+                          "rg:<reasoning-gym dataset>). A task of your own: register it with "
+                          "@rltf_ray.register_task in a module listed under `plugins:` (or --plugin)")
+    if cls.__module__ == "__main__":
+        raise ConfigError(f"task.name: task '{name}' is defined in the script being run (__main__), which "
+                          "Ray workers cannot import; move it to a module of its own and list that "
+                          "module under `plugins:` (or --plugin)")
+
+
+def config_from_dict(data: dict) -> Config:
+    """Rebuild a Config shipped to a worker as a plain dict (already validated); its plugins
+    are imported here, as the shipped modules of the same names."""
+    load_plugins(data.get("plugins") or [])
+    return _build(Config, data, "")

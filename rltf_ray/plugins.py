@@ -1,0 +1,168 @@
+"""User code that registers tasks and critics, loaded everywhere a task or critic is resolved.
+
+A plugin is a module named by import name (`my_pkg.tasks`) or by the path of a `.py` file
+(`./my_task.py`). The driver imports it before the config is validated; every Ray process
+that rebuilds a task or a critic by name (Serve replicas, Ray Data workers, Train workers)
+imports it too, because `worker_runtime_env` ships it:
+
+* a `.py` file is copied into a package folder of the same name and sent through Ray's
+  `py_modules`, so a file that exists only on the submitting machine is importable on every
+  node of a cluster (the driver imports it under that same module name, so that pickled
+  classes resolve to it on both sides);
+* a module by name is shipped the same way when it lives outside site-packages (a local
+  package folder); an installed package is expected to be installed on the workers;
+* the env var RLTF_RAY_PLUGINS lists the module names, and the registries import them on
+  first use in each process (`load_env_plugins`); a worker imports the shipped copy even
+  where the file also exists, so every process runs the code as it was when the run started.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from rltf_ray.errors import ConfigError
+
+ENV = "RLTF_RAY_PLUGINS"
+_loaded: dict[str, str] = {}  # spec -> module name
+
+
+class PluginError(ConfigError):
+    """A plugin that cannot be found or fails while it is imported."""
+
+
+def is_path(spec: str) -> bool:
+    return spec.endswith(".py") or os.sep in spec
+
+
+def module_name(spec: str) -> str:
+    """The import name a plugin has in every process: a file's stem, or the name itself."""
+    if is_path(spec):
+        stem = Path(spec).stem
+        if not stem.isidentifier():
+            raise PluginError(f"plugin {spec!r}: the file name must be a Python identifier to be "
+                              f"importable on Ray workers (got {stem!r})")
+        return stem
+    return spec
+
+
+def _import_file(path: Path, name: str):
+    existing = sys.modules.get(name)
+    if existing is not None:
+        if Path(getattr(existing, "__file__", "") or "").resolve() == path.resolve():
+            return existing
+        raise PluginError(f"plugin {str(path)!r}: a module named {name!r} is already imported from "
+                          f"{getattr(existing, '__file__', None)}; rename the file")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before exec: classes defined in it pickle by this name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def load_plugin(spec: str) -> str:
+    """Import one plugin (once per process); its module name. Errors name the plugin."""
+    if spec in _loaded:
+        return _loaded[spec]
+    name = module_name(spec)
+    shipped = name in os.environ.get(ENV, "").split(",")  # a Ray worker: the driver's snapshot
+    try:
+        if is_path(spec) and Path(spec).is_file() and not shipped:
+            _import_file(Path(spec), name)
+        elif is_path(spec) and name not in sys.modules and importlib.util.find_spec(name) is None:
+            # on a worker the file's path does not exist: it was shipped as a package of that name
+            raise PluginError(f"plugin {spec!r}: no such file, and no module {name!r} importable in "
+                              "this process (was it shipped with rltf_ray.plugins.worker_runtime_env?)")
+        else:
+            importlib.import_module(name)
+    except PluginError:
+        raise
+    except ModuleNotFoundError as e:
+        if e.name and (e.name == name or name.startswith(e.name + ".")):
+            raise PluginError(f"plugin {spec!r}: no module named {name!r} (give an import name on "
+                              "sys.path or the path of a .py file)") from None
+        raise PluginError(f"plugin {spec!r} failed to import: {type(e).__name__}: {e}") from e
+    except Exception as e:
+        raise PluginError(f"plugin {spec!r} failed to import: {type(e).__name__}: {e}") from e
+    _loaded[spec] = name
+    return name
+
+
+def load_plugins(specs: Sequence[str]) -> list[str]:
+    return [load_plugin(s) for s in specs]
+
+
+def load_env_plugins() -> None:
+    """Import the plugins that the driver listed in RLTF_RAY_PLUGINS (a Ray worker's view)."""
+    for name in filter(None, os.environ.get(ENV, "").split(",")):
+        load_plugin(name)
+
+
+def _installed(path: Path) -> bool:
+    return any(part in ("site-packages", "dist-packages") for part in path.parts)
+
+
+def _ship_dir(spec: str) -> str | None:
+    """A local folder that makes the plugin importable on a worker, or None (installed)."""
+    name = module_name(spec)
+    if is_path(spec):
+        src = Path(spec).resolve()
+        digest = hashlib.sha1(src.read_bytes()).hexdigest()[:12]
+        pkg = Path(tempfile.gettempdir()) / "rltf_ray_plugins" / digest / name
+        if not (pkg / "__init__.py").is_file():
+            pkg.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, pkg / "__init__.py")
+        return str(pkg)
+    top = name.split(".")[0]
+    found = importlib.util.find_spec(top)
+    if found is None or not found.submodule_search_locations:
+        origin = Path(found.origin) if found and found.origin else None
+        if origin is None or _installed(origin) or origin.suffix != ".py":
+            return None
+        return _ship_dir(str(origin)) if origin.stem == top else None
+    folder = Path(list(found.submodule_search_locations)[0])
+    return None if _installed(folder) else str(folder)
+
+
+def worker_runtime_env(specs: Sequence[str]) -> dict:
+    """The runtime_env that makes the plugins importable in a Ray worker ({} without any).
+
+    Before Ray starts it names local folders, for `ray.init` (the job's runtime_env). Once
+    Ray runs (a Ray joined as it is: a notebook's, a test's, a Tune trial's), the folders
+    are uploaded first: a task's or an actor's own runtime_env takes only URIs."""
+    if not specs:
+        return {}
+    load_plugins(specs)  # fail here, in the driver, with the plugin's own error
+    dirs = sorted({d for d in (_ship_dir(s) for s in specs) if d})
+    env: dict = {"env_vars": {ENV: ",".join(module_name(s) for s in specs)}}
+    if dirs:
+        env["py_modules"] = dirs
+        import ray
+
+        if ray.is_initialized():
+            env = _uploaded(env)
+    return env
+
+
+def _uploaded(env: dict) -> dict:
+    """`env` with its local py_modules uploaded to the cluster (gcs:// URIs), the step Ray
+    itself takes for a job's runtime_env in `ray.init` (ray 2.60's internal helper)."""
+    import ray
+    from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+
+    node = ray._private.worker.global_worker.node
+    if node is None:
+        raise PluginError("plugins: cannot upload them through a Ray Client connection; pass them in "
+                          "the job's runtime_env (ray job submit --working-dir or py_modules)")
+    return upload_py_modules_if_needed(dict(env), include_gitignore=False,
+                                       scratch_dir=node.get_runtime_env_dir_path())

@@ -1,0 +1,134 @@
+"""One RL step, seen from the driver: the rollout graph as one Ray Data execution, the
+hand-off to the learner, the step's metrics row; and held-out evaluation between steps."""
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rltf_ray import metrics as M
+from rltf_ray.graph import node_params, node_round
+from rltf_ray.services import log
+
+STAGE_KINDS = ("generate", "critique", "revise", "reward")  # the nodes `rollout` runs as Ray Data stages
+
+
+class StepRunner:
+    """Mixed into the Pipeline with Services: uses its engines, broker and critic app."""
+
+    def rollout(self, step: int) -> pa.Table:
+        import ray
+
+        from rltf_ray.stages import arrow_stage
+        from rltf_ray.stages.critique import make_critique, make_reward
+        from rltf_ray.stages.rollout import make_generate, make_revise
+
+        rows = self.source.rows_for_step(step)
+        critic = self.critic_params  # every round calls the same critic app
+        ds = ray.data.from_items(rows)
+        remote_args = {"runtime_env": self.runtime_env} if self.runtime_env else {}
+        for node in (n for n in self.order if n.kind in STAGE_KINDS):
+            p = node_params(node)
+            fn = {"generate": lambda: make_generate(self.engines, self.model_path, p, node.name,
+                                                  self.cfg.engine.max_model_len),
+                  "critique": lambda: make_critique(self.cfg.task, p, self.cfg.run.turns,
+                                                    self.cfg.binac.critique_correct),
+                  "revise": lambda: make_revise(self.engines, self.model_path, p, node.name,
+                                              self.cfg.engine.max_model_len,
+                                              self.cfg.binac.revisions_per_critique),
+                  "reward": lambda: make_reward(self.cfg.task, p, critic)}[node.kind]
+            ds = ds.map_batches(arrow_stage(node.kind, node.name, fn(), node_round(node)),
+                                batch_size=p.batch_size, batch_format="pyarrow", num_cpus=0.1, **remote_args)
+        table = pa.concat_tables(ray.get(list(ds.to_arrow_refs())))
+        expected = len(rows) * node_params(self.cfg.node("generate")).n
+        if table.num_rows != expected:
+            raise RuntimeError(f"step {step}: {table.num_rows} rollout rows reached the trainer, "
+                               f"expected {expected}; rows were lost in the pipeline")
+        return table
+
+    def launch(self, step: int) -> dict:
+        """Generate a step's rollouts and hand them to the learner, which may still be training
+        an earlier step (run.max_staleness)."""
+        import ray
+
+        from rltf_ray.stages.critique import check_critique_failures
+
+        run = self.cfg.run
+        t0 = time.perf_counter()
+        table = self.rollout(step)
+        t_roll = time.perf_counter() - t0
+        pq.write_table(table, self.out / "rollouts" / f"step_{step}.parquet")
+        if run.turns > 1:
+            check_critique_failures(table.to_pylist(), self.critic_params, run.rounds, step)
+        ray.get(self.broker.put_step.remote(step, [ray.put(table.to_pylist())]))
+        return {"step": step, "table": table, "t0": t0, "seconds_rollout": t_roll}
+
+    def evaluates_at(self, step: int) -> bool:
+        every = self.cfg.run.eval_every
+        return bool(every) and (step + 1) % every == 0
+
+    def metrics_row(self, table: pa.Table, train: dict) -> dict:
+        """A step's metrics row from its rollouts and the trainer's metrics of it."""
+        learned = self.critic_params.critic == "learned"
+        row = {**M.rollout_metrics(table, self.cfg.run, self.cfg.binac if learned else None), **train,
+               "samples_seen": (train["step"] + 1) * table.num_rows, "bad_prompt_rows": len(self.source.bad_rows),
+               "prompt_ids": list(dict.fromkeys(table.column("prompt_id").to_pylist()))}
+        row["engine_version_lag"] = (row["policy_version"] - int(row.get("actor_trained", True))
+                                     - row["policy_version_rollout"])  # 0: strictly on-policy
+        return row
+
+    def finish(self, launched: dict) -> dict:
+        """Wait until the learner has trained a launched step; the step's metrics row, with a
+        held-out evaluation every `run.eval_every`."""
+        import ray
+
+        run, step, table = self.cfg.run, launched["step"], launched["table"]
+        row = {**self.metrics_row(table, self.wait_result(step)), "seconds_rollout": launched["seconds_rollout"],
+               "seconds_step": time.perf_counter() - launched["t0"], "finished_at": time.time(),
+               "engine_peak_rss_gb": max(ray.get([e.peak_rss_gb.remote() for e in self.engines]))}
+        if self.evaluates_at(step):
+            # the engines already hold the step's weights; at the last step this evaluation
+            # is the "after" one, so it runs every measure and is not repeated
+            final = step + 1 == run.steps and run.eval_before_after
+            t1 = time.perf_counter()
+            row["eval"] = self.evaluate(full=final or self.cfg.eval.during_training == "all")
+            row["seconds_eval"] = time.perf_counter() - t1
+            self.final_eval = row["eval"] if final else None
+            log(f"eval after step {step + 1}: " + M.eval_line(row["eval"]))
+        return row
+
+    # -- held-out evaluation -------------------------------------------------------------
+    def evaluator(self):
+        from rltf_ray.evaluation import Evaluator
+        from rltf_ray.stages.critique import ask_critic, score_texts
+
+        critic = self.critic_params
+        gen = node_params(self.cfg.node("generate"))
+
+        def score(rows: list[dict], texts: list[str]) -> list[tuple]:
+            got = score_texts(self.task, critic, rows, texts, list(range(len(rows))))
+            return [got[i][0] for i in range(len(rows))]
+
+        def critique(rows: list[dict], texts: list[str], which: list[int]) -> dict:
+            # only wrong answers are critiqued (the evaluator's oracle), as in training, where a
+            # verdict-aware learned critic is told the verifier's verdict
+            told = [{**r, "correct_first": False} for r in rows]
+            return {i: (res["critique"] if res else None)
+                    for i, (res, _) in ask_critic(critic, told, texts, which).items()}
+
+        E = self.cfg.eval
+        return Evaluator(self.engines, self.model_path, self.task, score, critique,
+                         gen.temperature if E.temperature is None else E.temperature, gen.max_tokens,
+                         node_params(self.cfg.node("revise")).template, E.critique_max_tokens)
+
+    def evaluate(self, full: bool = True) -> dict:
+        """Held-out evaluation with every measure `eval` asks for (`full`), or only the
+        greedy first-turn accuracy (the cheap in-training curve). The problems are the
+        task's test split, or the rows of `eval.path`."""
+        E = self.cfg.eval
+        rows = self.held_out or self.task.held_out(E.prompts)
+        out = self.evaluator().run(rows, E.pass_k if full else [], E.samples,
+                                   E.feedback_rounds if full else 0, E.self_feedback_rounds if full else 0,
+                                   greedy=E.greedy or not full)
+        return {**out, "requested": E.prompts, "held_out": E.path or "task"}

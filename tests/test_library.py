@@ -1,0 +1,284 @@
+"""rltf_ray as a library: plugins, the public names, the Python API, presets in the wheel."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import rltf_ray
+from rltf_ray.errors import ConfigError
+from rltf_ray.loading import load_config
+from rltf_ray.plugins import ENV, PluginError, load_plugin, worker_runtime_env
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "pipelines" / "configs" / "tiny.yaml")
+
+PLUGIN = textwrap.dedent('''
+    import os
+
+    import rltf_ray
+
+
+    @rltf_ray.register_task("echo_sum")
+    class EchoSum(rltf_ray.Task):
+        meta_keys = ("a", "b", "answer")
+
+        def make_problem(self, index, split):
+            a, b = index % 7, (index * 3 + (split == "test")) % 5
+            return {"a": a, "b": b, "answer": a + b}
+
+        def prompt_text(self, meta):
+            return f"Add {meta['a']} and {meta['b']}. Answer as <answer>n</answer>."
+
+        def check(self, answer, meta):
+            return answer.strip() == str(meta["answer"])
+
+
+    @rltf_ray.register_critic("where_am_i")
+    class WhereAmI:
+        """Says where it runs: the file its class was imported from, in the Serve replica."""
+
+        def __init__(self, task, prefix="from"):
+            self.task, self.prefix = task, prefix
+
+        async def judge(self, items):
+            out = []
+            for it in items:
+                s = self.task.score(it["response"], it["meta"])
+                out.append({"reward": s.reward, "correct": s.correct,
+                            "critique": f"{self.prefix} {__file__} pid {os.getpid()}"})
+            return out
+''')
+
+
+def write_plugin(folder: Path, name: str = "my_rltf_plugin", text: str = PLUGIN) -> Path:
+    path = folder / f"{name}.py"
+    path.write_text(text)
+    return path
+
+
+# -- plugins, unit ------------------------------------------------------------------------
+def test_plugin_file_registers_its_task_and_ships_as_a_package(tmp_path):
+    path = write_plugin(tmp_path, "plug_ship")
+    cfg = load_config(TINY, ["task.name=echo_sum", "task.extraction=tag"], plugins=[str(path)])
+    assert cfg.plugins == [str(path.resolve())]
+    task = rltf_ray.tasks.get_task(cfg.task) if hasattr(rltf_ray, "tasks") else None
+    from rltf_ray.tasks import get_task
+
+    task = get_task(cfg.task)
+    assert type(task).__module__ == "plug_ship" and task.score("<answer>7</answer>", {"a": 3, "b": 4, "answer": 7}).correct
+    env = worker_runtime_env(cfg.plugins)
+    assert env["env_vars"] == {ENV: "plug_ship"}
+    (shipped,) = env["py_modules"]
+    # the copy is a package of the plugin's name, so `import plug_ship` works on a worker
+    assert Path(shipped).name == "plug_ship" and (Path(shipped) / "__init__.py").read_text() == PLUGIN
+
+
+def test_plugin_errors_name_the_plugin(tmp_path):
+    with pytest.raises(PluginError, match="no module named 'not_a_module_xyz'"):
+        load_plugin("not_a_module_xyz")
+    bad = tmp_path / "explodes.py"
+    bad.write_text("raise RuntimeError('boom at import')\n")
+    with pytest.raises(ConfigError, match=r"plugin '.*explodes.py' failed to import: RuntimeError: boom at import"):
+        load_config(TINY, plugins=[str(bad)])
+    with pytest.raises(PluginError, match="must be a Python identifier"):
+        load_plugin(str(tmp_path / "my-task.py"))
+    # a worker whose shipped module is missing gets the same kind of error, not a silent skip
+    with pytest.raises(PluginError, match="no such file, and no module 'gone_plugin'"):
+        load_plugin("/nowhere/gone_plugin.py")
+
+
+def test_unknown_task_says_how_to_add_one():
+    with pytest.raises(ConfigError, match=r"unknown task 'nope'.*plugins:"):
+        load_config(TINY, ["task.name=nope"])
+
+
+def test_a_task_defined_in_main_is_refused():
+    code = textwrap.dedent(f'''
+        import rltf_ray
+        from rltf_ray.loading import load_config
+
+        @rltf_ray.register_task("in_main")
+        class InMain(rltf_ray.Task):
+            def make_problem(self, i, split): return {{"answer": 1}}
+            def prompt_text(self, meta): return "?"
+            def check(self, a, meta): return True
+
+        try:
+            load_config({TINY!r}, ["task.name=in_main"])
+        except rltf_ray.ConfigError as e:
+            print("ERROR:", e)
+    ''')
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert "ERROR: task.name: task 'in_main' is defined in the script being run (__main__)" in out.stdout, out.stderr
+
+
+def test_register_task_refuses_a_clash_and_a_non_task():
+    with pytest.raises(ValueError, match="already registered"):
+        @rltf_ray.register_task("arithmetic")
+        class Other(rltf_ray.Task):
+            pass
+    with pytest.raises(TypeError, match="not a subclass of rltf_ray.Task"):
+        rltf_ray.register_task("x_not_a_task")(dict)
+
+
+# -- the config builder, unit ----------------------------------------------------------------
+def test_builder_resolves_to_what_the_command_line_gives():
+    built = (rltf_ray.RLTFConfig.from_yaml(TINY).preset("rltf_fm").training(lr=3e-4, num_workers=1)
+             .run(steps=3).evaluation(prompts=5).node("first_turn", n=2, temperature=0.5).resolve())
+    cli = load_config(TINY, ["trainer.lr=3e-4", "trainer.num_workers=1", "run.steps=3", "eval.prompts=5",
+                             "pipeline.first_turn.n=2", "pipeline.first_turn.temperature=0.5"], preset="rltf_fm")
+    assert built == cli and built.loss.lambda_fm == 0.1 and built.node("generate").params["n"] == 2
+
+
+def test_builder_errors_are_specific(tmp_path):
+    with pytest.raises(ConfigError, match=r"trainer: unknown key 'lrr' \(known: .*lr"):
+        rltf_ray.RLTFConfig().training(lrr=1.0)
+    with pytest.raises(ConfigError, match="unknown preset 'nope'"):
+        rltf_ray.RLTFConfig.from_yaml(TINY).preset("nope").resolve()
+    mine = tmp_path / "my_preset.yaml"
+    mine.write_text("description: mine\nloss: {lambda_sd: 0.25}\n")
+    assert rltf_ray.RLTFConfig.from_yaml(TINY).preset(str(mine)).resolve().loss.lambda_sd == 0.25
+
+
+def test_api_refuses_misuse_before_starting_anything(tmp_path):
+    algo = rltf_ray.RLTFConfig.from_yaml(TINY).build()
+    with pytest.raises(RuntimeError, match="save\\(\\) before the first train"):
+        algo.save()
+    with pytest.raises(ConfigError, match="no such output dir"):
+        algo.restore(str(tmp_path / "missing"))
+    algo.stop()
+    with pytest.raises(RuntimeError, match="was stopped"):
+        algo.train()
+
+
+def test_eval_path_rows_are_validated_whole(tmp_path):
+    from rltf_ray.sources import load_eval_rows
+    from rltf_ray.tasks import get_task
+
+    task = get_task(load_config(TINY).task)
+    f = tmp_path / "held.jsonl"
+    f.write_text(json.dumps({"prompt_id": "h1", "prompt": "What is 2 + 2?",
+                             "meta": {"a": 2, "b": 2, "op": "+", "answer": 4}}) + "\n"
+                 + json.dumps({"prompt_id": "h2", "prompt": "What is 1 + 1?", "meta": {"a": 1, "b": 1}}) + "\n")
+    with pytest.raises(ConfigError, match=r"(?s)eval.path: 1 bad row.*held.jsonl:2 \(prompt_id 'h2'\): meta: missing 'op'"):
+        load_eval_rows(task, str(f), 10)
+    f.write_text(f.read_text().splitlines()[0] + "\n")
+    assert [r["prompt_id"] for r in load_eval_rows(task, str(f), 10)] == ["h1"]
+
+
+# -- the package as pip installs it ----------------------------------------------------------
+def test_a_non_editable_install_keeps_presets_and_the_command(tmp_path):
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(target), str(ROOT)], check=True, timeout=600, capture_output=True)
+    presets = sorted(p.stem for p in (target / "rltf_ray" / "presets").glob("*.yaml"))
+    assert presets == sorted(rltf_ray.preset_names()) and "rltf_sd" in presets
+    (dist,) = target.glob("rltf_ray-*.dist-info")
+    assert "rltf-ray = rltf_ray.cli:main" in (dist / "entry_points.txt").read_text()
+    # run from elsewhere, with the installed copy first on the path: presets still resolve
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    out = subprocess.run([sys.executable, "-c", "import rltf_ray.cli as c, sys; print(c.__file__); "
+                          "sys.exit(c.main(['--list-presets']))"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(str(target)) and "rltf_sd " in out.stdout and "grpo_single " in out.stdout
+
+
+# -- the Python API end to end, with a task and a critic from a plugin file ---------------------
+def api_config(tmp_path: Path, plugin: Path, held_out: Path | None = None) -> "rltf_ray.RLTFConfig":
+    config = (rltf_ray.RLTFConfig.from_yaml(TINY)
+              .plugins(str(plugin))
+              .task(name="echo_sum", extraction="tag")
+              .training(num_workers=1)
+              .run(steps=2, output_dir=str(tmp_path / "run"))
+              .evaluation(prompts=2)
+              .node("critic", critic="where_am_i", critic_params={"prefix": "hello"}))
+    if held_out is not None:
+        config.evaluation(path=str(held_out))
+    return config
+
+
+@pytest.mark.integration
+def test_api_trains_saves_and_restores_with_a_plugin_task_and_critic(tmp_path):
+    import pyarrow.parquet as pq
+
+    (tmp_path / "src").mkdir()
+    plugin = write_plugin(tmp_path / "src", "api_plugin")
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(json.dumps({"prompt_id": f"h{i}", "prompt": f"Add {i} and 1. Answer as <answer>n</answer>.",
+                                            "meta": {"a": i, "b": 1, "answer": i + 1}}) + "\n" for i in range(3)))
+    config = api_config(tmp_path, plugin, held_out)
+    with config.build() as algo:
+        row = algo.train()
+        assert row["step"] == 0 and algo.iteration == 1 and "loss" in row and row["policy_version"] == 1
+        ev = algo.evaluate()
+        # the user's held-out file, not the task's generator: its 3 rows (eval.prompts=2 caps it)
+        assert ev["problems"] == 2 and ev["held_out"] == str(held_out)
+        saved = algo.save()
+    out = Path(saved)
+    assert out == (tmp_path / "run").resolve() and (out / "checkpoints" / "step_1" / "config.json").is_file()
+    table = pq.read_table(out / "rollouts" / "step_0.parquet").to_pylist()
+    from rltf_ray.tasks import get_task
+
+    task = get_task(config.resolve().task)
+    critiqued = [r for r in table if r["revised"]]
+    assert critiqued, "no row was critiqued"
+    for r in critiqued:
+        # the plugin critic ran in the Serve replica, imported from the copy Ray shipped there
+        # (py_modules), not from the file on this machine
+        prefix, where, _, pid = r["critique"].split(" ")
+        assert prefix == "hello" and "py_modules" in where and where != str(plugin) and int(pid) != os.getpid()
+    for r in table:
+        # the Ray Data stages scored with the plugin task: the same reward as here
+        meta = json.loads(r["meta"])
+        assert r["reward_first"] == task.score(r["response"], meta).reward
+        if r["revised"]:
+            assert r["reward_second"] == task.score(r["revision"], meta).reward
+
+    again = api_config(tmp_path, plugin).build()
+    again.restore(saved)
+    with again:
+        row = again.train()
+        assert row["step"] == 1 and row["policy_version"] == 2  # continued after the saved step
+        with pytest.raises(RuntimeError, match="all run.steps=2 steps are trained"):
+            again.train()
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1] and json.loads((out / "summary.json").read_text())["engine_versions"] == [2]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_tune_runs_a_two_trial_grid(tmp_path):
+    import ray
+    from ray import tune
+
+    config = (rltf_ray.RLTFConfig.from_yaml(TINY).training(num_workers=1).run(steps=1)
+              .evaluation(prompts=2))
+    ray.init(num_cpus=8, include_dashboard=False)
+    try:
+        tuner = tune.Tuner(rltf_ray.tune_trainable(config),
+                           param_space={"trainer.lr": tune.grid_search([1e-3, 0.0])},
+                           tune_config=tune.TuneConfig(max_concurrent_trials=1),
+                           run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), name="grid"))
+        results = tuner.fit()
+    finally:
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+    assert len(results) == 2 and not results.errors
+    import yaml
+
+    by_lr = {r.config["trainer.lr"]: r for r in results}
+    assert set(by_lr) == {1e-3, 0.0}
+    for lr, r in by_lr.items():
+        assert r.metrics["step"] == 0 and r.metrics["policy_version"] == 1
+        # each trial trained in its own folder, with its own learning rate
+        saved = yaml.safe_load((Path(r.path) / "rltf" / "config.yaml").read_text())
+        assert saved["trainer"]["lr"] == lr and (Path(r.path) / "rltf" / "summary.json").is_file()
