@@ -7,7 +7,10 @@ Every (preset, seed) run gets the same config and overrides apart from the prese
 `run.seed = seed`: for one seed every preset sees the same prompts in the same order at the
 same number of first-turn samples (prompts_per_step x n x steps), and every run is scored on
 the same held-out problems. Outputs under `results/NAME/`: `runs/<preset>_s<seed>/` (each
-run's own output folder), `runs.jsonl` (every number), `table.md` and `curves.png`.
+run's own output folder), `runs.jsonl` (every number), `table.md`, `paired.md` (each preset
+minus --baseline, paired by seed: mean, SE, t, per-seed values) and `curves.png`, rewritten
+after every finished run; `pipelines/report.py results/NAME` rebuilds them from the run
+folders' metrics.jsonl and summary.json alone (what --git-commit commits).
 A finished run (its summary.json exists) is not run again, so a stopped comparison resumes.
 A finished local run's resume state (`ray_train/`) is deleted unless --keep-resume-state.
 
@@ -18,7 +21,6 @@ Ray job to that cluster, all at once; the cluster schedules them in parallel.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -30,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from rltf_ray.config import ConfigError  # noqa: E402
 from rltf_ray.loading import load_config  # noqa: E402
-from rltf_ray.report import collect_run, write_curves, write_table  # noqa: E402
+from rltf_ray.report import write_report  # noqa: E402
 
 
 def run_args(args, preset: str, seed: int, out: Path) -> list[str]:
@@ -92,6 +94,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cluster", help="Ray address to submit the runs to as jobs (else RAY_ADDRESS)")
     ap.add_argument("--keep-resume-state", action="store_true",
                     help="keep each finished run's ray_train/ folder (DeepSpeed state), deleted by default")
+    ap.add_argument("--baseline", default="grpo_single",
+                    help="the preset the others are compared with, paired by seed (paired.md)")
+    ap.add_argument("--git-commit", action="store_true",
+                    help="commit each finished run's metrics.jsonl and summary.json (and runs.jsonl) at once")
     ap.add_argument("--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
                     help="a module (import name or .py path) with your tasks or critics; repeatable")
     ap.add_argument("overrides", nargs="*", help="key=value overrides for every run")
@@ -115,20 +121,26 @@ def main(argv=None) -> int:
     import os
 
     address = args.cluster or os.environ.get("RAY_ADDRESS")
+    title = f"{args.name}: {args.config} {' '.join(args.overrides)}"
+    baseline = args.baseline if args.baseline in presets else None
     if address and todo:
         run_cluster(args, todo, address)
-    else:
-        for p, s, out in todo:
-            run_local(args, p, s, out)
-    runs = [collect_run(out, p, s) for p, s, out in plan]
-    with open(root / "runs.jsonl", "w") as f:
-        for r in runs:
-            f.write(json.dumps(r) + "\n")
-    table = write_table(runs, root / "table.md", title=f"{args.name}: {args.config} {' '.join(args.overrides)}")
-    write_curves(runs, root / "curves.png", title=args.name)
-    print(table)
+    for p, s, out in ([] if address else todo):
+        run_local(args, p, s, out)
+        write_report(root, title, baseline)  # after every run: runs.jsonl holds what has finished
+        if args.git_commit:
+            commit_run(root, out, f"results/{args.name}: {p} seed {s} finished")
+    print(write_report(root, title, baseline))
     print(f"[compare] results in {root}")
     return 0
+
+
+def commit_run(root: Path, out: Path, message: str) -> None:
+    """Commit a finished run's data (and the updated runs.jsonl) at once, and nothing else:
+    an interrupted comparison never loses a finished run."""
+    paths = [str(p) for p in (root / "runs.jsonl", out / "metrics.jsonl", out / "summary.json")]
+    subprocess.run(["git", "add", "-f", *paths], cwd=ROOT, check=True)
+    subprocess.run(["git", "commit", "-q", "-m", message, "--", *paths], cwd=ROOT, check=True)
 
 
 if __name__ == "__main__":

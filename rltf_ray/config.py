@@ -55,7 +55,7 @@ class EngineConfig:
     # Unix niceness of the engine processes; None = the Ray's worker niceness (15 by default,
     # below Ray's daemons at 0). At 15 a generating engine's threads wait on the run queue
     # behind Ray's daemons on a small CPU node, but 0 did not measurably shorten a step there
-    # (docs/benchmarks.md, session 11). 0..19: a lower value needs privileges.
+    # (docs/benchmark-log.md, 2026-12-02). 0..19: a lower value needs privileges.
     nice: int | None = None
     # Run the engine's threads under SCHED_RR (rltf_ray/realtime.py): on a small CPU node
     # Ray's own processes otherwise cost generation far more than the CPU they take. Needs

@@ -151,7 +151,19 @@ def build_config(data: dict) -> Config:
     cfg = expand_rounds(_build(Config, data, ""))
     check_task_name(cfg.task.name)
     validate(cfg)
+    check_critic_module(cfg)
     return cfg
+
+
+def check_critic_module(cfg: Config) -> None:
+    """A critic class defined in the script being run cannot be imported by Serve replicas."""
+    from rltf_ray.critics import get_critic
+
+    name = cfg.node("critique").params.get("critic", "programmatic")
+    if get_critic(name).__module__ == "__main__":
+        raise ConfigError(f"critic: critic '{name}' is defined in the script being run (__main__), which "
+                          "Serve replicas cannot import; move it to a module of its own and list that "
+                          "module under `plugins:` (or --plugin)")
 
 
 def check_task_name(name: str) -> None:

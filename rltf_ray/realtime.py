@@ -6,7 +6,7 @@ Data's helpers, idle workers) each wake a few times a second: together a quarter
 vLLM and torch split each operation over one OpenMP thread per core, and the threads meet at
 a barrier, so whenever one of them loses its core to such a wake-up the others wait too:
 on two cores that background cost generation and training a third of their speed, against
-the same work in a plain process (docs/benchmarks.md, sessions 11 and 15). Niceness does not
+the same work in a plain process (docs/benchmark-log.md, 2026-12-02). Niceness does not
 stop a waking task from preempting; a real-time policy does. SCHED_RR at the lowest
 real-time priority, and Linux's real-time throttling (by default 5% of every second for
 everything else) keeps Ray's daemons alive even while the compute threads never sleep."""

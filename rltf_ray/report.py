@@ -78,6 +78,66 @@ def write_table(runs: list[dict], path: Path, title: str = "") -> str:
     return text
 
 
+def paired(runs: list[dict], baseline: str, key: str = "greedy_accuracy") -> list[dict]:
+    """Each preset against `baseline`, paired by seed (same prompts, same held-out problems):
+    the per-seed differences of the final held-out `key`, their mean, SE and t = mean / SE."""
+    final = {(r["preset"], r["seed"]): r["after"][key] for r in runs if r.get("after") and key in r["after"]}
+    base = {s: v for (p, s), v in final.items() if p == baseline}
+    out = []
+    for preset in dict.fromkeys(r["preset"] for r in runs):
+        if preset == baseline:
+            continue
+        seeds = sorted(s for (p, s) in final if p == preset and s in base)
+        diffs = [final[(preset, s)] - base[s] for s in seeds]
+        m, se = mean_se(diffs)
+        out.append({"preset": preset, "baseline": baseline, "seeds": seeds, "diffs": diffs, "mean": m,
+                    "se": se, "t": m / se if se > 0 else (math.inf if m > 0 else -math.inf if m < 0 else 0.0)})
+    return out
+
+
+def write_paired(runs: list[dict], baseline: str, path: Path, shown: tuple[float, float] = (0.10, 3.0)) -> str:
+    """The paired comparison as a table; `shown` = (effect, t) a difference must reach."""
+    rows = paired(runs, baseline)
+    lines = [f"Held-out greedy first-try accuracy after training, each preset minus {baseline}, paired by "
+             f"seed. Shown: mean >= +{shown[0]:.2f} at t >= {shown[1]:.0f}.", "",
+             "| preset | seeds | mean difference | SE | t | per seed | shown |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        per = ", ".join(f"s{s}: {d:+.3f}" for s, d in zip(r["seeds"], r["diffs"]))
+        ok = len(r["seeds"]) > 1 and r["mean"] >= shown[0] and r["t"] >= shown[1]
+        lines.append(f"| {r['preset']} | {len(r['seeds'])} | {r['mean']:+.3f} | {r['se']:.3f} | {r['t']:.2f} | "
+                     f"{per} | {'yes' if ok else 'no'} |")
+    text = "\n".join(lines) + "\n"
+    Path(path).write_text(text)
+    return text
+
+
+def finished_runs(root: Path) -> list[dict]:
+    """Every finished run under `root`/runs/<preset>_s<seed>/ (its summary.json exists)."""
+    runs = []
+    for d in sorted(Path(root, "runs").glob("*_s*")):
+        if d.is_dir() and (d / "summary.json").is_file():
+            preset, _, seed = d.name.rpartition("_s")
+            runs.append(collect_run(d, preset, int(seed)))
+    return sorted(runs, key=lambda r: (r["seed"], r["preset"]))
+
+
+def write_report(root: Path, title: str = "", baseline: str | None = None) -> str:
+    """runs.jsonl, table.md, paired.md (against `baseline`) and curves.png, all from the run
+    folders' own metrics.jsonl and summary.json."""
+    root = Path(root)
+    runs = finished_runs(root)
+    with open(root / "runs.jsonl", "w") as f:
+        for r in runs:
+            f.write(json.dumps(r) + "\n")
+    if not runs:
+        return "no finished runs\n"
+    text = write_table(runs, root / "table.md", title=title)
+    if baseline and any(r["preset"] == baseline for r in runs):
+        text += "\n" + write_paired(runs, baseline, root / "paired.md")
+    write_curves(runs, root / "curves.png", title=title or root.name)
+    return text
+
+
 def write_curves(runs: list[dict], path: Path, title: str = "", key: str = "greedy_accuracy") -> None:
     """Held-out accuracy against first-turn samples seen: one line per preset, mean over seeds
     with a band of one standard error."""

@@ -153,6 +153,13 @@ class Pipeline(Services, StepRunner):
         summary["engine_versions"] = ray.get([e.ready.remote() for e in self.engines])
         if self.critic_engines:
             summary["critic_engine_versions"] = ray.get([e.ready.remote() for e in self.critic_engines])
+        # how the run went for the learner (restarts from a checkpoint) and the critic app
+        # (batching: requests per batch of the replica that answered)
+        summary["trainer"] = ray.get(self.broker.stats.remote())
+        if self.deployed_critic and self.critic_params.max_replicas is None and self.critic_params.num_replicas == 1:
+            from ray import serve
+
+            summary["critic_app"] = serve.get_app_handle(self.critic_params.app_name).stats.remote().result()
         summary["output_dir"] = str(self.out)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary

@@ -93,7 +93,7 @@ class Tracker:
         try:
             if not self.gauges:
                 self._ray_gauges()
-        except Exception:  # no Ray metrics agent (e.g. outside a Ray session): files still written
+        except Exception:  # no Ray metrics agent (e.g. outside a running Ray): files still written
             return
         for key, g in self.gauges.items():
             if key in vals:

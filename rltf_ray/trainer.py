@@ -96,7 +96,7 @@ def reduce_metrics(sums: dict[str, float], cfg: Config, lambda_sd: float) -> dic
     v = {**dict(zip(SUM_KEYS, vec.cpu().tolist())), **dict(zip(MAX_KEYS, top.cpu().tolist()))}
     L = cfg.loss
     m = {k: v[k] for k in SUM_KEYS if k.startswith("loss_")}
-    m["loss_grpo"] = m["loss_rl0"]  # the issue-2 name for the turn-0 RL term
+    m["loss_grpo"] = m["loss_rl0"]  # the name the GRPO baseline reports the turn-0 RL term under
     m["loss"] = (m["loss_rl0"] + m["loss_rl1"] + lambda_sd * m["loss_sd"] + L.lambda_fm * m["loss_fm"]
                  + L.lambda_sft * m["loss_sft"])
     n_rl, n_sd, n_mm = v["rl_tokens"], v["sd_tokens"], v["mismatch_tokens"]

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from rltf_ray.loading import load_config
 from rltf_ray.graph import KINDS
 from rltf_ray.runner import Pipeline
+from conftest import engine_logprobs  # noqa: E402
 
 pytestmark = pytest.mark.integration
 PORT = 8123
@@ -65,14 +66,14 @@ def run(tmp_path_factory, tiny_path):
     p.start()
     try:
         probe = ([1, 5, 9, 13], [17, 21, 25, 29, 33])
-        before = ray.get(p.engines[0].sequence_logprobs.remote(*probe))
+        before = engine_logprobs(p.engines[0], *probe)
         http = requests.post(f"http://127.0.0.1:{PORT}/rltf_critic",
                              json={"response": "<answer>7</answer>", "meta": {"answer": 5}}, timeout=30)
         summary = p.train()
-        after = ray.get(p.engines[0].sequence_logprobs.remote(*probe))
+        after = engine_logprobs(p.engines[0], *probe)
         # the run's last values: policy version 2 (gauge lines end with the value)
         needle = f'run="{out.name}"'
-        scraped = scrape_until(f"http://127.0.0.1:{METRICS}/metrics", "", 0)
+        scraped = ""
         for _ in range(30):
             scraped = scrape_until(f"http://127.0.0.1:{METRICS}/metrics", needle, 30)
             if any(ln.startswith("ray_rltf_policy_version{") and needle in ln and ln.endswith(" 2.0")
@@ -87,7 +88,7 @@ def run(tmp_path_factory, tiny_path):
 
         ckpt = out / "checkpoints" / "step_2"
         fresh = start_engines(str(ckpt), cfg.engine, p.dtype, 0)[0]
-        from_ckpt = ray.get(fresh.sequence_logprobs.remote(*probe))
+        from_ckpt = engine_logprobs(fresh, *probe)
         gen = ray.get(fresh.generate.remote([probe[0]], n=2, temperature=1.0, top_p=1.0, max_tokens=8))
         ray.kill(fresh)
         yield dict(out=out, cfg=cfg, summary=summary, before=before, after=after,
@@ -168,6 +169,10 @@ def test_weights_changed_and_engines_serve_new_version(run, tiny_path):
     assert (run["out"] / "checkpoints" / "step_1" / "config.json").is_file()
     assert run["summary"]["engine_versions"] == [2]
     assert run["summary"]["after"]["version"] == 2 and run["summary"]["before"]["version"] == 0
+    # every trained step is covered by a checkpoint (none held for a restart), no restart
+    assert run["summary"]["trainer"] == {"held_steps": [], "restarts": 0}
+    critic = run["summary"]["critic_app"]
+    assert critic["requests"] >= critic["batches"] > 0  # the critic app served the run, batched
 
 
 def test_engine_logprobs_changed_after_sync_and_match_checkpoint(run):

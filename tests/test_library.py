@@ -118,6 +118,25 @@ def test_a_task_defined_in_main_is_refused():
     assert "ERROR: task.name: task 'in_main' is defined in the script being run (__main__)" in out.stdout, out.stderr
 
 
+def test_a_critic_defined_in_main_is_refused():
+    code = textwrap.dedent(f'''
+        import rltf_ray
+        from rltf_ray.loading import load_config
+
+        @rltf_ray.register_critic("critic_in_main")
+        class InMain:
+            def __init__(self, task): pass
+            def judge(self, items): return []
+
+        try:
+            load_config({TINY!r}, ["pipeline.critic.critic=critic_in_main"])
+        except rltf_ray.ConfigError as e:
+            print("ERROR:", e)
+    ''')
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert "ERROR: critic: critic 'critic_in_main' is defined in the script being run (__main__)" in out.stdout, out.stderr
+
+
 def test_register_task_refuses_a_clash_and_a_non_task():
     with pytest.raises(ValueError, match="already registered"):
         @rltf_ray.register_task("arithmetic")
@@ -282,3 +301,26 @@ def test_tune_runs_a_two_trial_grid(tmp_path):
         # each trial trained in its own folder, with its own learning rate
         saved = yaml.safe_load((Path(r.path) / "rltf" / "config.yaml").read_text())
         assert saved["trainer"]["lr"] == lr and (Path(r.path) / "rltf" / "summary.json").is_file()
+
+
+def test_the_readme_plugin_example():
+    """examples/my_plugin.py is the README's quick start: its config resolves, and its task and
+    critic do what the README says."""
+    import asyncio
+
+    from rltf_ray.critics import get_critic
+    from rltf_ray.tasks import get_task
+
+    cfg = load_config(str(ROOT / "pipelines" / "configs" / "demo.yaml"),
+                      ["task.name=unit_price", "pipeline.critic.critic=my_reviewer",
+                       "pipeline.critic.critic_params={strictness: 2}"],
+                      preset="rltf_sd", plugins=[str(ROOT / "examples" / "my_plugin.py")])
+    task = get_task(cfg.task)
+    meta = task.make_problem(3, "train")
+    assert meta == {"total": 48, "count": 12, "answer": 4} and "12 pens cost 48 dollars" in task.prompt_text(meta)
+    critic = get_critic("my_reviewer")(task, **cfg.node("critique").params["critic_params"])
+    got = asyncio.run(critic.judge([{"prompt": "", "response": "It is 4", "meta": meta},
+                                    {"prompt": "", "response": "It is 5", "meta": meta}]))
+    assert critic.strictness == 2
+    assert [(g["correct"], g["reward"], g["critique"]) for g in got] == [
+        (True, 1.0, "Correct."), (False, 0.0, "Divide the total by the count.")]

@@ -1,5 +1,6 @@
 """Every objective preset runs one RL step end to end on the tiny model (one Ray for all)."""
 import json
+from pathlib import Path
 import math
 import time
 
@@ -8,6 +9,7 @@ import ray
 
 from rltf_ray.loading import PRESET_DIR, load_config
 from rltf_ray.runner import Pipeline
+from conftest import engine_logprobs  # noqa: E402
 
 pytestmark = pytest.mark.integration
 PRESETS = sorted(f.stem for f in PRESET_DIR.glob("*.yaml"))
@@ -54,8 +56,19 @@ def check_step(cfg, summary, m):
         assert m["revised_rows"] == 0 and m["examples_rl1"] == 0
     else:  # early termination: exactly the wrong first answers were critiqued and revised
         assert m["revised_rows"] == round(m["rows"] * (1 - m["first_turn_accuracy"]))
-    assert m["revision_gain"] == pytest.approx(m["second_turn_accuracy"] - m["first_turn_accuracy"])
-    assert 0.0 <= m["zero_adv_group_fraction"] <= 1.0 and 0.0 <= m["sd_masked_fraction"] <= 1.0
+    # the step's accuracies and zero-advantage groups, recomputed from its rollout rows
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(Path(cfg.run.output_dir) / "rollouts" / "step_0.parquet").to_pylist()
+    last = f"correct_second_{cfg.run.rounds}" if cfg.run.rounds > 1 else "correct_second"
+    assert m["first_turn_accuracy"] == pytest.approx(sum(r["correct_first"] for r in rows) / len(rows))
+    assert m["second_turn_accuracy"] == pytest.approx(sum(r[last] for r in rows) / len(rows))
+    groups: dict = {}
+    for r in rows:  # the first turn's return: r0, plus gamma * r1 when the revision turn trains too
+        g0 = r["reward_first"] + (L.gamma * r["reward_second"] if L.turn1_rl and r.get("revised") else 0.0)
+        groups.setdefault(r["prompt_id"], []).append(g0)
+    flat = sum(len(set(g)) == 1 for g in groups.values()) / len(groups)
+    assert m["zero_adv_group_fraction"] == pytest.approx(flat)
     if L.sd_weight != "none":  # values are null when no SD token had a non-zero advantage
         assert (m["is_weight_mean"] is None) == (m["sd_tokens_trained"] == 0)
         if m["is_weight_mean"] is not None:
@@ -150,9 +163,9 @@ def test_lora_run_pushes_merged_weights_to_the_engine(shared_ray, tmp_path, tiny
     pipe.start()
     try:
         probe = ([1, 5, 9, 13], [17, 21, 25])
-        before = ray.get(pipe.engines[0].sequence_logprobs.remote(*probe))
+        before = engine_logprobs(pipe.engines[0], *probe)
         summary = pipe.train()  # FM on the critiques always trains (no advantage needed)
-        after = ray.get(pipe.engines[0].sequence_logprobs.remote(*probe))
+        after = engine_logprobs(pipe.engines[0], *probe)
     finally:
         pipe.stop()
     m = json.loads((tmp_path / "metrics.jsonl").read_text())
@@ -244,3 +257,66 @@ def test_realtime_engine_and_trainer_threads_run_under_sched_rr(needs_realtime, 
     assert len(trainers) == 2 and min(trainers) >= 2, trainers  # main thread + train_loop's (+ OpenMP)
     assert len(engines) == 1 and engines[0] >= 3, engines  # main, vLLM's thread, its OpenMP partner
     assert summary["engine_versions"] == [1]
+
+
+COIN_TASK = '''
+import rltf_ray
+
+
+@rltf_ray.register_task("coin_parity")
+class CoinParity(rltf_ray.Task):
+    """Any text is an answer; half of all texts are right (the parity of their characters),
+    so even the random tiny model's revisions are sometimes correct."""
+    meta_keys = ("answer",)
+
+    def make_problem(self, index, split):
+        return {"answer": index}
+
+    def prompt_text(self, meta):
+        return f"Say something about {meta['answer']}."
+
+    def extract(self, text):
+        return text, True
+
+    def check(self, answer, meta):
+        return sum(map(ord, answer)) % 2 == 0
+
+    def demonstration(self, meta):
+        return "ab"
+'''
+
+
+def test_sft_trains_the_correct_revisions_given_x0(shared_ray, tmp_path, tiny_path):
+    """The SFT baseline end to end: every correct revision becomes one SFT example, and
+    training on it (lambda_sft = 1; the revision turn's RL term off) raises
+    log pi(y1 | x0) of those revisions."""
+    import pyarrow.parquet as pq
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    plugin = tmp_path / "coin_task.py"
+    plugin.write_text(COIN_TASK)
+    out = tmp_path / "run"
+    cfg = load_config("pipelines/configs/tiny.yaml",
+                      [f"run.output_dir={out}", "run.steps=1", "run.eval_before_after=false",
+                       "run.serve_http_port=8148", "task.name=coin_parity", "task.format_weight=0.0",
+                       "trainer.num_workers=1", "loss.lambda_sft=1.0", "loss.turn1_rl=false",
+                       "pipeline.first_turn.max_tokens=8", "pipeline.revision.max_tokens=8"],
+                      preset="sft", plugins=[str(plugin)])
+    Pipeline(cfg).run()
+    m = json.loads((out / "metrics.jsonl").read_text())
+    rows = pq.read_table(out / "rollouts" / "step_0.parquet").to_pylist()
+    right = [r for r in rows if r["revised"] and r["correct_second"]]
+    assert right and m["examples_sft"] == len(right)
+
+    def logp(model_dir: str) -> float:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        total = 0.0
+        with torch.no_grad():
+            for r in right:
+                x0, y1 = list(r["prompt_ids"]), list(r["revision_ids"])
+                lp = torch.log_softmax(model(torch.tensor([x0 + y1])).logits[0, len(x0) - 1:-1], -1)
+                total += float(lp.gather(1, torch.tensor(y1)[:, None]).sum())
+        return total / len(right)
+
+    assert logp(str(out / "checkpoints" / "step_1")) > logp(tiny_path) + 0.5

@@ -130,3 +130,34 @@ def test_answer_extraction_is_linear_and_takes_the_last_tag():
         start = time.perf_counter()
         t.score(hostile, {"answer": 1})
         assert time.perf_counter() - start < 0.2  # 400 KB; the old regex took 1.6 s on 40 KB
+
+
+def test_convention_task_holds_out_pairs_and_never_gives_the_answer():
+    from rltf_ray.config import TaskConfig
+    from rltf_ray.errors import ConfigError as CE
+    from rltf_ray.tasks import get_task
+    from rltf_ray.tasks.convention import in_test_split
+
+    t = get_task(TaskConfig(name="convention", extraction="last_number", format_weight=0.0,
+                            params={"rule": "concat"}))
+    train = [t.make_problem(i, "train") for i in range(3000)]
+    test = [t.make_problem(i, "test") for i in range(300)]
+    assert {(m["a"], m["b"]) for m in train}.isdisjoint({(m["a"], m["b"]) for m in test})
+    assert all(in_test_split(m["a"], m["b"]) for m in test) and max(m["a"] for m in train) == 99
+    m = {"a": 37, "b": 5, "op": "⊕", "rule": "concat", "answer": 375}
+    assert t.prompt_text(m) == "What is 37 ⊕ 5? Give the final answer as <answer>number</answer>."
+    assert t.score("So 375.", m).correct and not t.score("37 + 5 = 42", m).correct
+    c = t.critique("37 + 5 = 42", m)
+    assert c == ("Your answer is incorrect: it is too low. In this task a ⊕ b is not a sum: it means "
+                 "writing the digits of a followed by the digits of b; for example, 2 ⊕ 5 = 25. "
+                 "Compute 37 ⊕ 5 again with that rule.")
+    for rule, want in (("swap", 537), ("repeat", 3737), ("offset", 52), ("double", 84)):
+        got = get_task(TaskConfig(name="convention", params={"rule": rule})).make_problem(0, "test")
+        from rltf_ray.tasks.convention import RULES
+
+        assert RULES[rule][0](37, 5) == want and got["rule"] == rule
+    for i in range(200):  # the critique never contains the answer, whatever the wrong answer was
+        p = t.make_problem(i, "test")
+        assert str(p["answer"]) not in t.critique("0", p)
+    with pytest.raises(CE, match="task.params.rule: expected one of concat, swap"):
+        get_task(TaskConfig(name="convention", params={"rule": "xor"}))

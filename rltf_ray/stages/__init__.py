@@ -18,7 +18,7 @@ class _RowMetrics:
     long step live. Each Ray Data worker process reports its own (Ray tags it with the
     worker), so a dashboard sums over workers by `stage`. Its series lives only as long as the
     worker: Ray stops idle workers, and one stopped before its next periodic export may never
-    export its last values (the likely cause of one failed scrape in session 18, not proven).
+    export its last values (the likely cause of one failed scrape, not proven).
     The rows each stage finished are therefore counted by the driver
     (`ray_rltf_stage_rows`, rltf_ray.tracking)."""
 

@@ -43,7 +43,7 @@ class VLLMThread:
     """One thread that builds a vLLM engine and makes every later call to it, one at a time.
 
     On CPU, vLLM generates 1.6x faster from the thread that built it than from any other
-    thread of the process (measured: docs/benchmarks.md, session 13), and Ray's threaded
+    thread of the process (measured: docs/benchmark-log.md, 2026-12-02), and Ray's threaded
     actors and Serve replicas run methods on pool threads of their own choosing."""
 
     def __init__(self):
@@ -154,17 +154,6 @@ class PolicyEngine:
             result.append(group)
         return {"outputs": result, "version": version, "seconds": seconds, "tokens": tokens,
                 "cached": [o.num_cached_tokens or 0 for o in outs]}
-
-    def sequence_logprobs(self, prompt: list[int], target: list[int]) -> list[float]:
-        """log pi(target_t | prompt, target_<t) under the engine's current weights."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        sp = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-        out = self.vllm.run(self.llm.generate, [TokensPrompt(prompt_token_ids=prompt + target)], sp,
-                            use_tqdm=False)[0]
-        plp = out.prompt_logprobs[len(prompt):]
-        return [d[t].logprob for d, t in zip(plp, target)]
 
     def load_weights(self, payload: list, version: int) -> int:
         """CPU path: reload from weights that came through the object store (`pack`ed)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 
 from rltf_ray.errors import ConfigError
+from rltf_ray.tasks.arithmetic import Arithmetic
 from rltf_ray.tasks.base import Task, register_task
 
 _SPLIT_SALT = {"train": 0, "test": 1_000_003}
@@ -45,11 +46,13 @@ def example(meta: dict) -> str:
 
 
 @register_task("convention")
-class Convention(Task):
-    meta_keys = ("a", "b", "rule", "answer")
+class Convention(Arithmetic):
+    """Arithmetic's prompt, verifier and demonstration, with ⊕ as the operator."""
+
+    meta_keys = ("a", "b", "op", "rule", "answer")
 
     def __init__(self, cfg):
-        super().__init__(cfg)
+        Task.__init__(self, cfg)  # Arithmetic's own params (ops, ...) do not apply
         p = dict(cfg.params)
         # one rule, or a list of rules drawn per problem (a warm start on some rules teaches
         # the use of the critique without teaching the rule a run is measured on)
@@ -80,19 +83,7 @@ class Convention(Task):
         while in_test_split(a, b) != (split == "test"):  # no held-out pair is ever trained on
             a, b = num(), num()
         rule = self.rules[0] if len(self.rules) == 1 else rng.choice(self.rules)
-        return {"a": a, "b": b, "rule": rule, "answer": RULES[rule][0](a, b)}
-
-    def prompt_text(self, meta: dict) -> str:
-        return f"What is {meta['a']} {SYMBOL} {meta['b']}? Give the final answer as <answer>number</answer>."
-
-    def demonstration(self, meta: dict) -> str:
-        return f"{meta['a']} {SYMBOL} {meta['b']} = {meta['answer']}. <answer>{meta['answer']}</answer>"
-
-    def check(self, answer: str, meta: dict) -> bool:
-        try:
-            return int(answer.strip()) == int(meta["answer"])
-        except ValueError:
-            return False
+        return {"a": a, "b": b, "op": SYMBOL, "rule": rule, "answer": RULES[rule][0](a, b)}
 
     def critique(self, text: str, meta: dict) -> str:
         answer, _ = self.extract(text)
