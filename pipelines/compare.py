@@ -139,8 +139,17 @@ def commit_run(root: Path, out: Path, message: str) -> None:
     """Commit a finished run's data (and the updated runs.jsonl) at once, and nothing else:
     an interrupted comparison never loses a finished run."""
     paths = [str(p) for p in (root / "runs.jsonl", out / "metrics.jsonl", out / "summary.json")]
-    subprocess.run(["git", "add", "-f", *paths], cwd=ROOT, check=True)
-    subprocess.run(["git", "commit", "-q", "-m", message, "--", *paths], cwd=ROOT, check=True)
+    for attempt in range(5):  # another git command may hold the index lock for a moment
+        add = subprocess.run(["git", "add", "-f", *paths], cwd=ROOT, capture_output=True, text=True)
+        done = add.returncode == 0 and subprocess.run(
+            ["git", "commit", "-q", "-m", message, "--", *paths], cwd=ROOT, capture_output=True,
+            text=True).returncode == 0
+        if done:
+            print(f"[compare] committed: {message}", flush=True)
+            return
+        time.sleep(3)
+    print(f"[compare] WARNING: could not commit {paths} ({add.stderr.strip()}); the files are on disk, "
+          "commit them by hand", flush=True)
 
 
 if __name__ == "__main__":
