@@ -70,20 +70,19 @@ def needs_realtime():
     os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
-def _engine_sequence_logprobs(engine, prompt: list[int], target: list[int]) -> list[float]:
-    """Runs inside a PolicyEngine actor (`__ray_call__`): log pi(target_t | prompt, target_<t)
-    under the engine's current weights, from vLLM's prompt log-probs."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    sp = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-    out = engine.vllm.run(engine.llm.generate, [TokensPrompt(prompt_token_ids=prompt + target)], sp,
-                          use_tqdm=False)[0]
-    return [d[t].logprob for d, t in zip(out.prompt_logprobs[len(prompt):], target)]
-
-
 def engine_logprobs(engine, prompt: list[int], target: list[int]) -> list[float]:
-    """What an engine actor's weights give the target tokens (tests of the weight sync)."""
+    """What an engine actor's weights give the target tokens (tests of the weight sync):
+    log pi(target_t | prompt, target_<t), from vLLM's prompt log-probs."""
     import ray
 
-    return ray.get(engine.__ray_call__.remote(_engine_sequence_logprobs, prompt, target))
+    def sequence_logprobs(actor, prompt: list[int], target: list[int]) -> list[float]:
+        # defined here so that it travels by value: the actor cannot import this test module
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sp = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        out = actor.vllm.run(actor.llm.generate, [TokensPrompt(prompt_token_ids=prompt + target)], sp,
+                             use_tqdm=False)[0]
+        return [d[t].logprob for d, t in zip(out.prompt_logprobs[len(prompt):], target)]
+
+    return ray.get(engine.__ray_call__.remote(sequence_logprobs, prompt, target))

@@ -47,11 +47,10 @@ def test_comparison_table_is_mean_and_standard_error_over_seeds(tmp_path):
 
 @pytest.mark.integration
 def test_eval_cli_measures_everything_on_distinct_problems(tmp_path, tiny_path):
-    sys.path.insert(0, str(ROOT / "pipelines"))
-    import eval as eval_cli
+    from rltf_ray.cli import eval_main
 
     out = tmp_path / "eval.json"
-    rc = eval_cli.main(["--config", "pipelines/configs/tiny.yaml", "--prompts", "6", "--pass-k", "1,2",
+    rc = eval_main(["--config", "pipelines/configs/tiny.yaml", "--prompts", "6", "--pass-k", "1,2",
                         "--samples", "2", "--feedback-rounds", "1", "--self-feedback-rounds", "1",
                         "--output", str(out), "run.serve_http_port=8161"])
     assert rc == 0
