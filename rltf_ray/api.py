@@ -208,6 +208,24 @@ class RLTF:
         self.stop()
 
 
+class _TrialRun:
+    """One Tune trial's run, in an actor of its own outside the trial's placement group: Tune
+    puts a trial's children in that group, and Serve's and Ray Train's controllers cannot live
+    in one; from here the run asks the cluster for its resources as it does outside Tune."""
+
+    def __init__(self, data: dict, overrides: list[str]):
+        self.algo = RLTFConfig(data).override(*overrides).build()
+
+    def train(self) -> dict | None:
+        pipe = self.algo._pipe
+        if pipe is not None and pipe.finished:
+            return None
+        return self.algo.train()
+
+    def stop(self) -> None:
+        self.algo.stop()
+
+
 def tune_trainable(base: RLTFConfig):
     """A Ray Tune function trainable over `base`: each trial's config maps override keys
     (`"trainer.lr"`, `"pipeline.critic.critic"`) to values, runs `run.steps` steps in the
@@ -217,24 +235,25 @@ def tune_trainable(base: RLTFConfig):
                            param_space={"trainer.lr": tune.grid_search([1e-5, 3e-5])})
     """
     data, overrides = base.to_dict(), list(base._overrides)
+    critic_node = base.resolve().node("critique").name
 
     def trainable(params: dict) -> None:
+        import ray
         from ray import tune
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         ctx = tune.get_context()
-        trial = ctx.get_trial_id()
-        config = RLTFConfig(data).override(*overrides)
-        config.override(*(f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}" for k, v in params.items()))
-        # every trial has its own folder and critic app (trials may share one Ray)
-        config.run(output_dir=str(Path(ctx.get_trial_dir()) / "rltf"))
-        config.node(_critic_node(config), app_name=f"rltf_critic_{trial}")
-        with config.build() as algo:
-            while not algo._pipe or not algo._pipe.finished:
-                row = algo.train()
+        mine = [*overrides, *(f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}" for k, v in params.items()),
+                # every trial has its own folder and critic app (trials may share one Ray)
+                f"run.output_dir={Path(ctx.get_trial_dir()) / 'rltf'}",
+                f"pipeline.{critic_node}.app_name=rltf_critic_{ctx.get_trial_id()}"]
+        run = ray.remote(num_cpus=0)(_TrialRun).options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=None)).remote(data, mine)
+        try:
+            while (row := ray.get(run.train.remote())) is not None:
                 tune.report({k: v for k, v in row.items() if isinstance(v, (int, float, bool))})
+        finally:
+            ray.get(run.stop.remote())
+            ray.kill(run)
 
     return trainable
-
-
-def _critic_node(config: RLTFConfig) -> str:
-    return config.resolve().node("critique").name
