@@ -166,7 +166,10 @@ def test_weights_changed_and_engines_serve_new_version(run, tiny_path):
     final = load_file(str(run["out"] / "checkpoints" / "step_2" / "model.safetensors"))
     assert set(init) == set(final)
     assert any(not torch.equal(init[k].float(), final[k].float()) for k in init)
-    assert (run["out"] / "checkpoints" / "step_1" / "config.json").is_file()
+    # the step-1 checkpoint holds the weights after one step: neither the initial ones nor the final
+    first = load_file(str(run["out"] / "checkpoints" / "step_1" / "model.safetensors"))
+    assert any(not torch.equal(init[k].float(), first[k].float()) for k in init)
+    assert any(not torch.equal(first[k].float(), final[k].float()) for k in init)
     assert run["summary"]["engine_versions"] == [2]
     assert run["summary"]["after"]["version"] == 2 and run["summary"]["before"]["version"] == 0
     # every trained step is covered by a checkpoint (none held for a restart), no restart

@@ -1,4 +1,4 @@
-"""docs/results.md section 2: seeds 0-1 (recorded in docs/results.md by the earlier session, whose run folders are gone)
+"""docs/results.md section 2: seeds 0-1 (recorded in docs/results.md on 2026-11-30; their run folders were not retained)
 plus seed 2 (results/arith_warm_s2): mean ± SE over 3 seeds, per-seed rows, and the curves."""
 import sys
 from pathlib import Path
