@@ -26,7 +26,7 @@ import yaml
 
 from rltf_ray import config as C
 from rltf_ray.errors import ConfigError
-from rltf_ray.loading import config_from_data
+from rltf_ray.loading import config_from_data, read_config_file
 
 SECTIONS = {"model": C.ModelConfig, "task": C.TaskConfig, "engine": C.EngineConfig, "loss": C.LossConfig,
             "trainer": C.TrainerConfig, "run": C.RunConfig, "eval": C.EvalConfig, "binac": C.BinacConfig}
@@ -41,13 +41,7 @@ class RLTFConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "RLTFConfig":
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        data = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{p}: top level must be a mapping")
-        return cls(data)
+        return cls(read_config_file(path))
 
     @classmethod
     def from_dict(cls, data: dict) -> "RLTFConfig":

@@ -83,19 +83,22 @@ def _lookup(data: dict, dotted: str):
     return data
 
 
+def read_config_file(path: str | os.PathLike) -> dict:
+    """A config file's plain data (what `config_from_data` takes)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    loaded = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{p}: top level must be a mapping")
+    return loaded
+
+
 def load_config(path: str | os.PathLike | None = None, overrides: typing.Sequence[str] = (),
                 preset: str | None = None, plugins: typing.Sequence[str] = ()) -> Config:
     """A Config from a YAML file (or the defaults), a preset, overrides and extra plugins
     (`--plugin`, added to the file's `plugins:`)."""
-    data: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        loaded = yaml.safe_load(p.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: top level must be a mapping")
-        data = loaded
+    data = read_config_file(path) if path is not None else {}
     if plugins:
         data = {**data, "plugins": [*(data.get("plugins") or []), *plugins]}
     return config_from_data(data, overrides, preset)

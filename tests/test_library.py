@@ -98,43 +98,32 @@ def test_unknown_task_says_how_to_add_one():
         load_config(TINY, ["task.name=nope"])
 
 
-def test_a_task_defined_in_main_is_refused():
-    code = textwrap.dedent(f'''
-        import rltf_ray
-        from rltf_ray.loading import load_config
-
-        @rltf_ray.register_task("in_main")
-        class InMain(rltf_ray.Task):
-            def make_problem(self, i, split): return {{"answer": 1}}
-            def prompt_text(self, meta): return "?"
-            def check(self, a, meta): return True
-
-        try:
-            load_config({TINY!r}, ["task.name=in_main"])
-        except rltf_ray.ConfigError as e:
-            print("ERROR:", e)
-    ''')
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert "ERROR: task.name: task 'in_main' is defined in the script being run (__main__)" in out.stdout, out.stderr
+TASK_IN_MAIN = """
+@rltf_ray.register_task("in_main")
+class InMain(rltf_ray.Task):
+    def make_problem(self, i, split): return {"answer": 1}
+    def prompt_text(self, meta): return "?"
+    def check(self, a, meta): return True
+"""
+CRITIC_IN_MAIN = """
+@rltf_ray.register_critic("critic_in_main")
+class InMain:
+    def __init__(self, task): pass
+    def judge(self, items): return []
+"""
 
 
-def test_a_critic_defined_in_main_is_refused():
-    code = textwrap.dedent(f'''
-        import rltf_ray
-        from rltf_ray.loading import load_config
-
-        @rltf_ray.register_critic("critic_in_main")
-        class InMain:
-            def __init__(self, task): pass
-            def judge(self, items): return []
-
-        try:
-            load_config({TINY!r}, ["pipeline.critic.critic=critic_in_main"])
-        except rltf_ray.ConfigError as e:
-            print("ERROR:", e)
-    ''')
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert "ERROR: critic: critic 'critic_in_main' is defined in the script being run (__main__)" in out.stdout, out.stderr
+@pytest.mark.parametrize("code,override,error", [
+    (TASK_IN_MAIN, "task.name=in_main", "task.name: task 'in_main' is defined in the script being run"),
+    (CRITIC_IN_MAIN, "pipeline.critic.critic=critic_in_main",
+     "critic: critic 'critic_in_main' is defined in the script being run"),
+])
+def test_a_task_or_critic_defined_in_main_is_refused(code, override, error):
+    script = (f"import rltf_ray\nfrom rltf_ray.loading import load_config\n{code}\n"
+              f"try:\n    load_config({TINY!r}, [{override!r}])\n"
+              f"except rltf_ray.ConfigError as e:\n    print('ERROR:', e)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert f"ERROR: {error} (__main__)" in out.stdout, out.stderr
 
 
 def test_register_task_refuses_a_clash_and_a_non_task():
