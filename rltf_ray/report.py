@@ -90,8 +90,12 @@ def paired(runs: list[dict], baseline: str, key: str = "greedy_accuracy") -> lis
         seeds = sorted(s for (p, s) in final if p == preset and s in base)
         diffs = [final[(preset, s)] - base[s] for s in seeds]
         m, se = mean_se(diffs)
+        if len(diffs) < 2:  # one seed has no standard error, and so no t
+            se = t = math.nan
+        else:
+            t = m / se if se > 0 else (math.inf if m > 0 else -math.inf if m < 0 else 0.0)
         out.append({"preset": preset, "baseline": baseline, "seeds": seeds, "diffs": diffs, "mean": m,
-                    "se": se, "t": m / se if se > 0 else (math.inf if m > 0 else -math.inf if m < 0 else 0.0)})
+                    "se": se, "t": t})
     return out
 
 
@@ -104,7 +108,8 @@ def write_paired(runs: list[dict], baseline: str, path: Path, shown: tuple[float
     for r in rows:
         per = ", ".join(f"s{s}: {d:+.3f}" for s, d in zip(r["seeds"], r["diffs"]))
         ok = len(r["seeds"]) > 1 and r["mean"] >= shown[0] and r["t"] >= shown[1]
-        lines.append(f"| {r['preset']} | {len(r['seeds'])} | {r['mean']:+.3f} | {r['se']:.3f} | {r['t']:.2f} | "
+        se, t = ("-", "-") if math.isnan(r["se"]) else (f"{r['se']:.3f}", f"{r['t']:.2f}")
+        lines.append(f"| {r['preset']} | {len(r['seeds'])} | {r['mean']:+.3f} | {se} | {t} | "
                      f"{per} | {'yes' if ok else 'no'} |")
     text = "\n".join(lines) + "\n"
     Path(path).write_text(text)

@@ -35,6 +35,7 @@ def test_paired_differences_by_seed(tmp_path):
     assert (fm["preset"], fm["seeds"], fm["diffs"]) == ("rltf_fm", [1], pytest.approx([0.05]))
     text = write_report(tmp_path, "t", "grpo_single")
     assert "| rltf_sd | 3 | +0.300 | 0.058 | 5.20 | s0: +0.300, s1: +0.200, s2: +0.400 | yes |" in text
-    assert "| rltf_fm | 1 | +0.050 | 0.000 |" in text and text.rstrip().endswith("| no |")
+    assert "| rltf_fm | 1 | +0.050 | - | - | s1: +0.050 | no |" in text  # one seed: no SE, no t
+    assert math.isnan(fm["se"]) and math.isnan(fm["t"])
     lines = (tmp_path / "runs.jsonl").read_text().splitlines()
     assert len(lines) == 7 and (tmp_path / "curves.png").stat().st_size > 0
