@@ -5,7 +5,6 @@ import math
 import time
 
 import pytest
-import ray
 
 from rltf_ray.loading import PRESET_DIR, load_config
 from rltf_ray.runner import Pipeline
