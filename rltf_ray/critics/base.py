@@ -66,7 +66,8 @@ class Critic:
         return cls(task, **params.critic_params)
 
     def judge(self, items: list[dict]) -> list[dict]:
-        raise NotImplementedError
+        """Every critic overrides this (register_critic refuses a class that does not)."""
+        raise TypeError(f"{type(self).__name__} does not implement judge(items)")
 
 
 def qualname(cls: type) -> str:
