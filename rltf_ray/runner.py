@@ -13,8 +13,7 @@ import pyarrow.parquet as pq
 from rltf_ray import metrics as M
 from rltf_ray.config import Config
 from rltf_ray.graph import node_params, validate
-from rltf_ray.services import (EMBEDDED_RAY_ENV, LEARNER, STOP_WAIT_S, Services,  # noqa: F401 (re-exported)
-                               apply_embedded_ray_env, init_ray, log)
+from rltf_ray.services import STOP_WAIT_S, Services, log
 from rltf_ray.sources import PromptSource, load_eval_rows
 from rltf_ray.steps import STAGE_KINDS, StepRunner
 from rltf_ray.tasks import get_task

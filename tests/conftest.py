@@ -7,9 +7,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 
 from rltf_ray.models import cache_dir  # noqa: E402
-from rltf_ray.runner import apply_embedded_ray_env  # noqa: E402
+from rltf_ray.services import apply_embedded_ray_env  # noqa: E402
 
-apply_embedded_ray_env()  # the tests' own Ray gets what runner.init_ray sets
+apply_embedded_ray_env()  # the tests' own Ray gets what services.init_ray sets
 
 
 @pytest.fixture(scope="session")
