@@ -2,13 +2,16 @@
 
     python pipelines/warmstart.py --config pipelines/configs/demo.yaml --out outputs/warm \\
         [--format-demos 0] [--revision-demos 200] [--epochs 2] [--lr 1e-5] [key=value ...]
+    python pipelines/warmstart.py --critic --config ... --out outputs/critic [--critic-demos 300]
 
 Revision demonstrations are built from the configured model's own wrong first answers on
 training problems (a vLLM engine samples them at the first turn's temperature) and the
 task's programmatic critique; format demonstrations are the task's own solutions. The
 warm-started model is saved to --out (an HF folder: use it as `model.path`), with
-`warmstart.json` beside it. Demonstrations come from training problems numbered from
---first-problem on, away from the prompt streams of RL runs (seed s reads from s x 100,000;
+`warmstart.json` beside it. With --critic, Bi-NAC's learned critic is warm-started instead, on
+the task's programmatic critiques (ending with the verdict line) of the actor's own wrong
+answers, and its verdict-line rate is measured before and after on later problems.
+Demonstrations come from training problems numbered from --first-problem on, away from the prompt streams of RL runs (seed s reads from s x 100,000;
 generators with a small problem space, and file tasks, can still repeat a problem).
 """
 from __future__ import annotations
@@ -34,6 +37,13 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--first-problem", type=int, default=900_000)
+    ap.add_argument("--critic", action="store_true",
+                    help="warm-start Bi-NAC's learned critic (binac.critic_model, default the actor's "
+                         "base) on the task's programmatic critiques of the actor's wrong answers")
+    ap.add_argument("--critic-demos", type=int, default=300)
+    ap.add_argument("--probe", type=int, default=64,
+                    help="--critic: wrong answers (from later problems) on which the critic's verdict-line "
+                         "rate is measured before and after")
     ap.add_argument("--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
                     help="a module (import name or .py path) with your task; repeatable")
     ap.add_argument("overrides", nargs="*")
@@ -56,6 +66,8 @@ def main(argv=None) -> int:
     model = resolve_model(cfg.model.path)
     gen, rev = node_params(cfg.node("generate")), node_params(cfg.node("revise"))
     start = args.first_problem
+    if args.critic:
+        return warm_start_critic(cfg, args, task, model, gen)
     pairs = format_demos(task, start, args.format_demos)
     stats: dict = {"base_model": model, "format_demos": len(pairs), "first_problem": start}
     if args.revision_demos > 0:
@@ -74,6 +86,48 @@ def main(argv=None) -> int:
     stats.update(epochs=args.epochs, lr=args.lr, config=args.config, overrides=args.overrides)
     (Path(args.out) / "warmstart.json").write_text(json.dumps(stats, indent=2))
     print(json.dumps(stats, indent=2))
+    return 0 if stats["finite"] else 1
+
+
+def warm_start_critic(cfg, args, task, model: str, gen) -> int:
+    """The critic's warm start, with its verdict-line rate before and after (the same probe)."""
+    import ray
+
+    from rltf_ray.models import resolve_dtype, resolve_model
+    from rltf_ray.services import init_ray
+    from rltf_ray.stages.engine import start_engines
+    from rltf_ray.warmstart import critic_demos, sft, verdict_line_rate, wrong_attempts
+
+    b = cfg.binac
+    critic = resolve_model(b.critic_model or cfg.model.path)
+    dtype = resolve_dtype(cfg.model.dtype, False)
+    stats: dict = {"actor_model": model, "critic_base_model": critic, "first_problem": args.first_problem}
+    init_ray(cfg)
+    try:
+        actor = start_engines(model, cfg.engine, dtype, cfg.run.seed)[0]
+        demos, sampled = wrong_attempts(actor, model, task, args.first_problem, args.critic_demos,
+                                        gen.temperature, gen.max_tokens)
+        probe, _ = wrong_attempts(actor, model, task, sampled.pop("next_problem"), args.probe,
+                                  gen.temperature, gen.max_tokens)
+        ray.kill(actor)
+        stats.update(critic_demos=len(demos), probe_attempts=len(probe), **{f"actor_{k}": v for k, v in sampled.items()})
+        base = start_engines(critic, cfg.engine, dtype, cfg.run.seed)[0]
+        stats["before"] = verdict_line_rate(base, critic, b, probe)
+        ray.kill(base)
+        print(f"[warmstart] critic: {len(demos)} demonstrations; verdict line before: "
+              f"{stats['before']['verdict_line_rate']:.3f}; training {args.epochs} epoch(s)", flush=True)
+        stats.update(sft(critic, critic_demos(task, b, demos), args.out, lr=args.lr, epochs=args.epochs,
+                         batch_size=args.batch_size, seed=cfg.run.seed))
+        after = start_engines(args.out, cfg.engine, dtype, cfg.run.seed)[0]
+        stats["after"] = verdict_line_rate(after, args.out, b, probe)
+    finally:
+        ray.shutdown()
+    stats.update(epochs=args.epochs, lr=args.lr, config=args.config, overrides=args.overrides)
+    (Path(args.out) / "warmstart.json").write_text(json.dumps(stats, indent=2))
+    print(json.dumps(stats, indent=2))
+    print(f"[warmstart] critic saved to {args.out} (use it as binac.critic_model); it writes the verdict "
+          f"line in {stats['after']['verdict_line_rate']:.1%} of {stats['after']['critiques']} critiques "
+          f"(before: {stats['before']['verdict_line_rate']:.1%})")
     return 0 if stats["finite"] else 1
 
 

@@ -65,3 +65,9 @@ def load_tokenizer(path: str):
     if tok.chat_template is None:
         raise ValueError(f"tokenizer at {path} has no chat template; RLTF needs one to build x1")
     return tok
+
+
+def pad_id(tokenizer) -> int:
+    """The id that pads a batch of this tokenizer's sequences (its eos when it has no pad):
+    each model pads with its own, since a critic's vocabulary may differ from the actor's."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

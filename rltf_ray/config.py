@@ -86,9 +86,11 @@ class LossConfig:
     presets in rltf_ray/presets/ select the other objectives. docs/objectives.md
     gives every formula and says where an option departs from the reference."""
 
-    # Multi-turn RL: also train turn 1 on (x1, y1); turn 0 then gets G0 = r0 + gamma * r1.
+    # Multi-turn RL: also train turn 1 on (x1, y1); turn 0 then gets G0 = r0 + gamma * r1,
+    # or with first_turn_return "final" the episode's final reward R(x, y_last) (Bi-NAC's actor).
     turn1_rl: bool = True
     gamma: float = 0.1
+    first_turn_return: str = "discounted"
     # The RL surrogate, with the ratio against the sampler's log-probs:
     # importance_sampling (-rho*A, the reference) | ppo_clip (-min(rho*A, clip(rho)*A)).
     policy_loss: str = "importance_sampling"
@@ -119,6 +121,7 @@ class LossConfig:
                    "policy_loss": ("importance_sampling", "ppo_clip"),
                    "aggregation": ("shared_token_mean", "token_mean", "seq_mean_token_sum", "constant"),
                    "sd_baseline": ("first", "second"),
+                   "first_turn_return": ("discounted", "final"),
                    "sd_weight": ("none", "is", "clip", "cispo"),
                    "sd_weight_level": ("sequence", "token")}
         for key, allowed in choices.items():
@@ -201,9 +204,17 @@ class BinacConfig:
     verdict_bonus: float = 0.0
     format_penalty: float | None = -1.0
     critique_correct: bool = False  # also critique (for the critic only) correct first answers
-    # Schedule: a cycle of max(actor_steps, critic_steps) RL steps; the actor trains on its
-    # first actor_steps, the critic on its last critic_steps (1:1 = both every step;
-    # critic_steps 0 = a frozen critic, the fixed_critic baseline).
+    # The bilevel term (docs/objectives.md): the critic's reward is (1 + lambda) * u(current
+    # actor) - lambda * u(reference actor), both revising from the same critique; the
+    # reference is the actor's weights at the last policy version divisible by reference_every.
+    bilevel_lambda: float = 0.0
+    reference_every: int = 20
+    # Schedule. overlap: a cycle of max(actor_steps, critic_steps) RL steps; the actor trains
+    # on its first actor_steps, the critic on its last critic_steps (1:1 = both every step).
+    # alternate (the paper's): a cycle of actor_steps + critic_steps; the actor trains on the
+    # first actor_steps, then the critic alone on the next critic_steps.
+    # critic_steps 0 = a frozen critic, the fixed_critic baseline.
+    schedule: str = "overlap"
     actor_steps: int = 5
     critic_steps: int = 1
     lr: float = 1e-5
@@ -216,9 +227,18 @@ class BinacConfig:
             raise ConfigError("binac.critiques_per_attempt, revisions_per_critique and num_engines: must be >= 1")
         if self.actor_steps < 1 or self.critic_steps < 0:
             raise ConfigError("binac.actor_steps must be >= 1 and binac.critic_steps >= 0")
+        if self.schedule not in ("overlap", "alternate"):
+            raise ConfigError(f"binac.schedule: expected overlap or alternate, got {self.schedule!r}")
+        if not self.bilevel_lambda >= 0:  # also refuses NaN
+            raise ConfigError(f"binac.bilevel_lambda: must be >= 0 (0 = no bilevel term), got {self.bilevel_lambda}")
+        if self.reference_every < 1:
+            raise ConfigError(f"binac.reference_every: the reference actor is refreshed every this many "
+                              f"policy versions; must be >= 1, got {self.reference_every}")
 
     @property
     def cycle(self) -> int:
+        if self.schedule == "alternate":
+            return self.actor_steps + self.critic_steps
         return max(self.actor_steps, self.critic_steps)
 
     def actor_trains(self, step: int) -> bool:

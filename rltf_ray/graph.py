@@ -133,11 +133,12 @@ class TrainParams:
 
 
 # The learned critic's (Bi-NAC) columns, round 1 only: its K critiques of the attempt, the
-# K x M revisions made with them, and their rewards. Empty for the other critics.
+# K x M revisions made with them by the current actor (and, with the bilevel term, by the
+# reference actor), and their rewards. Empty for the other critics.
 CRITIC_CRITIQUE = ("critic_version", "critic_prompt_ids", "critic_critiques", "critic_critique_ids",
                    "critic_critique_logprobs", "critic_verdicts", "critic_format_ok")
-CRITIC_REVISE = ("critic_revisions",)
-CRITIC_REWARD = ("critic_revision_rewards",)
+CRITIC_REVISE = ("critic_revisions", "critic_reference_revisions")
+CRITIC_REWARD = ("critic_revision_rewards", "critic_revision_correct", "critic_reference_rewards")
 CRITIC_COLUMNS = CRITIC_CRITIQUE + CRITIC_REVISE + CRITIC_REWARD
 
 
@@ -308,6 +309,9 @@ def validate(cfg: Config) -> list[NodeSpec]:
         if critic == "learned":
             raise ConfigError("run.max_staleness > 0 is not supported with critic 'learned' (Bi-NAC's "
                               "critic trains on-policy on the critiques of the same step)")
+    if critic != "learned" and cfg.binac.bilevel_lambda > 0:
+        raise ConfigError(f"binac.bilevel_lambda={cfg.binac.bilevel_lambda} rewards a learned critic; the "
+                          f"critique node's critic is '{critic}' (set pipeline.critique.critic=learned)")
     if critic == "learned":
         if cfg.run.turns != 2:
             raise ConfigError(f"critic 'learned' (Bi-NAC) runs two-turn episodes; got run.turns={cfg.run.turns}")

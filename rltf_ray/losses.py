@@ -48,6 +48,15 @@ def discounted_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
     return out
 
 
+def final_returns(rewards: torch.Tensor, taken: torch.Tensor) -> torch.Tensor:
+    """G_t = the reward of the episode's last taken turn, for every turn (Bi-NAC's actor
+    maximises the final answer's reward R(x, y_last) through each of its turns)."""
+    turns = torch.arange(rewards.shape[-1]).expand_as(taken)
+    last = torch.where(taken, turns, torch.full_like(turns, -1)).max(dim=-1).values.clamp(min=0)
+    final = rewards.float().gather(-1, last.unsqueeze(-1))
+    return final.expand_as(rewards).clone()
+
+
 def subset_group_means(values: torch.Tensor, group_ids: torch.Tensor,
                        include: torch.Tensor) -> torch.Tensor:
     """Per row: mean of `values` over the rows of its group where `include` is true

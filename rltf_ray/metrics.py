@@ -16,15 +16,25 @@ def _mean(xs) -> float:
 
 
 def critic_metrics(rows: list[dict], b) -> dict:
-    """The learned critic's step: its mean reward, how many critiques kept the format, agree
-    with the verifier's verdict, their length, and the version that wrote them."""
-    from rltf_ray.objectives import critic_row_rewards
+    """The learned critic's step: its mean reward (and the reference actor's term of it), how
+    many critiques kept the format, agree with the verifier's verdict, how often the current
+    actor's revisions from them fix a wrong first answer (`critic_fix_rate`), their length,
+    the groups whose format penalty was waived, the critiques whose x1 did not fit, and the
+    version that wrote them."""
+    from rltf_ray.objectives import critic_reference_utilities, critic_row_rewards, format_waived
 
     rows = [r for r in rows if r.get("critic_critiques")]
     rewards = [x for r in rows for x in critic_row_rewards(r, b)]
     fmt = [f for r in rows for f in r["critic_format_ok"]]
     agree = [v == r["correct_first"] for r in rows for v in r["critic_verdicts"] if v is not None]
-    return {"critic_reward_mean": _mean(rewards), "critic_format_ok": _mean(fmt),
+    fixes = [c for r in rows if not r["correct_first"] for c in r.get("critic_revision_correct") or []]
+    reference = [u for r in rows for u in critic_reference_utilities(r, b)]
+    return {"critic_reward_mean": _mean(rewards),
+            "critic_reward_reference_mean": _mean(reference) if reference else None,
+            "critic_fix_rate": _mean(fixes) if fixes else None,
+            "critic_format_ok": _mean(fmt),
+            "critic_format_waived_groups": sum(format_waived(r["critic_format_ok"], b) for r in rows),
+            "critic_revisions_overflowed": sum(t is None for r in rows for t in r.get("critic_revisions") or []),
             "critic_verdict_agreement": _mean(agree) if agree else None,
             "critique_tokens_mean": _mean(len(ids) for r in rows for ids in r["critic_critique_ids"]),
             "critiques": len(fmt),

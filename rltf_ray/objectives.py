@@ -5,6 +5,7 @@ behaviour log-probs.
 
 Terms and their sequences (k = 1..turns-1 over the revisions an episode produced):
   rl0  (x0, y0)   advantage G0 - mean_group(G0); G0 = r0, or sum_k gamma^k r_k if turn1_rl
+                  (first_turn_return final: every G_k = the last attempt's reward)
   rl1  (x_k, y_k) advantage G_k - mean over the group's rows that reached turn k (turn1_rl)
   sd   (x0, y_k)  advantage r_k - baseline (first: mean_group r0; second: mean of r_k)
   fm   (f_fm(x0, y_{k-1}), c_{k-1})   cross-entropy
@@ -95,8 +96,10 @@ def build_examples(rows: list[dict], cfg: Config, tokenizer) -> tuple[list[Examp
         R[i, 0], taken[i, 0] = float(r["reward_first"]), True
         for v in revs[i]:
             R[i, v.k], taken[i, v.k] = v.reward, True
-    G = losses.discounted_returns(R, L.gamma)
-    a0 = _centred(G[:, 0] if L.turn1_rl else R[:, 0], gid, taken[:, 0], L.adv_norm)
+    G = (losses.final_returns(R, taken) if L.first_turn_return == "final"
+         else losses.discounted_returns(R, L.gamma))
+    a0 = _centred(G[:, 0] if L.turn1_rl or L.first_turn_return == "final" else R[:, 0], gid,
+                  taken[:, 0], L.adv_norm)
     a_rl = {k: _centred(G[:, k], gid, taken[:, k], L.adv_norm) for k in range(1, rounds + 1)}
     first_base = losses.group_means(R[:, 0], gid)
     a_sd = {k: R[:, k] - (first_base if L.sd_baseline == "first"
@@ -132,23 +135,39 @@ def build_examples(rows: list[dict], cfg: Config, tokenizer) -> tuple[list[Examp
 
 # -- Bi-NAC: the learned critic's rewards and examples ----------------------------------------
 
+def _utility(rewards: list[float], k: int, m: int, r0: float, b) -> float:
+    """u_k: `improvement` mean_m r1_km - r0, or `outcome` mean_m r1_km."""
+    r1 = sum(rewards[k * m:(k + 1) * m]) / m
+    return r1 - r0 if b.critic_reward == "improvement" else r1
+
+
+def format_waived(format_ok: list[bool], b) -> bool:
+    """No critique of the attempt has the verdict line: the format penalty would give all K
+    the same reward, and GRPO over them no signal, so it is not applied to that group."""
+    return b.format_penalty is not None and bool(format_ok) and not any(format_ok)
+
+
 def critic_rewards(r0: float, correct0: bool, revision_rewards: list[float], verdicts: list,
-                   format_ok: list[bool], b) -> list[float]:
-    """The reward of each of the K critiques of one attempt y0 (reward r0, verdict correct0):
-    `improvement` mean_m r1_km - r0, or `outcome` mean_m r1_km, over its M revisions; plus
-    `verdict_bonus` when its verdict line agrees with the verifier; `format_penalty` instead
-    of all that when it has no verdict line (format_penalty None: no format requirement, so a
-    critique without a verdict line earns its improvement or outcome all the same)."""
+                   format_ok: list[bool], b, reference_rewards: list[float] = ()) -> list[float]:
+    """The reward of each of the K critiques of one attempt y0 (reward r0, verdict correct0),
+    from its M revisions by the current actor: u_k (`_utility`); with the bilevel term
+    (bilevel_lambda > 0 and the reference actor's M revisions of the same critique)
+    (1 + lambda) * u_k - lambda * u_ref_k; plus `verdict_bonus` when its verdict line agrees
+    with the verifier; `format_penalty` instead of all that when it has no verdict line,
+    unless no critique of the attempt has one (`format_waived`)."""
     k_n = len(format_ok)
     m = len(revision_rewards) // k_n if k_n else 0
+    lam = b.bilevel_lambda if reference_rewards else 0.0
+    penalise = b.format_penalty is not None and not format_waived(format_ok, b)
     out = []
     for k in range(k_n):
-        if not format_ok[k] and b.format_penalty is not None:
+        if not format_ok[k] and penalise:
             out.append(b.format_penalty)
             continue
-        r1 = sum(revision_rewards[k * m:(k + 1) * m]) / m
-        r = r1 - r0 if b.critic_reward == "improvement" else r1
-        out.append(r + (b.verdict_bonus if verdicts[k] == correct0 else 0.0))
+        u = _utility(revision_rewards, k, m, r0, b)
+        if lam:
+            u = (1 + lam) * u - lam * _utility(reference_rewards, k, m, r0, b)
+        out.append(u + (b.verdict_bonus if verdicts[k] == correct0 else 0.0))
     return out
 
 
@@ -157,7 +176,16 @@ def critic_row_rewards(row: dict, b) -> list[float]:
     if not row.get("critic_critiques") or not row.get("critic_revision_rewards"):
         return []
     return critic_rewards(float(row["reward_first"]), bool(row["correct_first"]), row["critic_revision_rewards"],
-                          row["critic_verdicts"], row["critic_format_ok"], b)
+                          row["critic_verdicts"], row["critic_format_ok"], b,
+                          row.get("critic_reference_rewards") or [])
+
+
+def critic_reference_utilities(row: dict, b) -> list[float]:
+    """u_ref_k of each critique of a row: the reference actor's improvement (or outcome)."""
+    ref, k_n = row.get("critic_reference_rewards") or [], len(row.get("critic_critiques") or [])
+    if not ref or not k_n:
+        return []
+    return [_utility(ref, k, len(ref) // k_n, float(row["reward_first"]), b) for k in range(k_n)]
 
 
 def build_critic_examples(rows: list[dict], cfg: Config) -> tuple[list[Example], dict]:

@@ -159,6 +159,7 @@ class Pipeline(Services, StepRunner):
             from ray import serve
 
             summary["critic_app"] = serve.get_app_handle(self.critic_params.app_name).stats.remote().result()
+        summary["node_memory_peak_gb"] = self.node_memory.peak  # every process on the driver's node
         summary["output_dir"] = str(self.out)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary

@@ -14,6 +14,7 @@ import yaml
 from rltf_ray.config import Config, ConfigError
 from rltf_ray.disk import check_disk
 from rltf_ray.graph import node_params
+from rltf_ray.memory import NodeMemory
 from rltf_ray.models import resolve_dtype, resolve_model
 from rltf_ray.plugins import worker_runtime_env
 
@@ -105,6 +106,7 @@ class Services:
                 log(f"skipped {len(self.source.bad_rows)} bad prompt row(s): {self.out / 'bad_rows.jsonl'}")
             (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
             (self.out / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+        self.node_memory = NodeMemory().start()
         self.started_ray = init_ray(self.cfg)
         # the plugins again for each stage, replica and training worker: a Ray joined as it
         # is has no job-level runtime_env of ours
@@ -128,9 +130,12 @@ class Services:
             self.deployed_critic = True
         log(f"critic app '{crit.app_name}' ready ({time.perf_counter() - t:.1f}s)")
         t = time.perf_counter()
+        b = self.cfg.binac
+        bilevel = train and crit.critic == "learned" and b.bilevel_lambda > 0
         self.engines = start_engines(self.model_path, self.cfg.engine, self.dtype,
                                      self.cfg.run.seed, self.use_gpu, name=f"rltf/engine-{self.run_id}",
-                                     restore_from=(self.broker_name, "actor") if train else None)
+                                     restore_from=(self.broker_name, "actor") if train else None,
+                                     reference_every=b.reference_every if bilevel else 0)
         log(f"{len(self.engines)} vLLM engine(s) ready, dtype {self.dtype} ({time.perf_counter() - t:.1f}s)")
         if not train:
             return
@@ -224,6 +229,8 @@ class Services:
             if fit.is_alive():
                 log(f"the trainer did not stop within {STOP_WAIT_S} s of the end of the run; its "
                     "workers stay until Ray Train gives up on them or Ray shuts down")
+        if getattr(self, "node_memory", None) is not None:
+            self.node_memory.stop()
         for e in getattr(self, "engines", []) + getattr(self, "critic_engines", []):
             ray.kill(e)
         self.engines, self.critic_engines = [], []

@@ -36,7 +36,8 @@ class StepRunner:
                                                     self.cfg.binac.critique_correct),
                   "revise": lambda: make_revise(self.engines, self.model_path, p, node.name,
                                               self.cfg.engine.max_model_len,
-                                              self.cfg.binac.revisions_per_critique),
+                                              self.cfg.binac.revisions_per_critique,
+                                              self.cfg.binac.bilevel_lambda > 0),
                   "reward": lambda: make_reward(self.cfg.task, p, critic)}[node.kind]
             ds = ds.map_batches(arrow_stage(node.kind, node.name, fn(), node_round(node)),
                                 batch_size=p.batch_size, batch_format="pyarrow", num_cpus=0.1, **remote_args)
@@ -76,6 +77,12 @@ class StepRunner:
                "prompt_ids": list(dict.fromkeys(table.column("prompt_id").to_pylist()))}
         row["engine_version_lag"] = (row["policy_version"] - int(row.get("actor_trained", True))
                                      - row["policy_version_rollout"])  # 0: strictly on-policy
+        if row.get("critic_format_waived_groups") and not getattr(self, "warned_format", False):
+            self.warned_format = True  # once a run; the metric counts every step's
+            log(f"WARNING step {row['step'] + 1}: in {row['critic_format_waived_groups']} group(s) no critique "
+                "has the verdict line, so binac.format_penalty would give every critique the same reward; "
+                "it is waived there (metric critic_format_waived_groups). Warm-start the critic "
+                "(pipelines/warmstart.py --critic) so that it writes the line.")
         return row
 
     def finish(self, launched: dict) -> dict:
@@ -86,7 +93,8 @@ class StepRunner:
         run, step, table = self.cfg.run, launched["step"], launched["table"]
         row = {**self.metrics_row(table, self.wait_result(step)), "seconds_rollout": launched["seconds_rollout"],
                "seconds_step": time.perf_counter() - launched["t0"], "finished_at": time.time(),
-               "engine_peak_rss_gb": max(ray.get([e.peak_rss_gb.remote() for e in self.engines]))}
+               "engine_peak_rss_gb": max(ray.get([e.peak_rss_gb.remote() for e in self.engines])),
+               "node_memory_peak_gb": self.node_memory.take()}  # since the last step's row
         if self.evaluates_at(step):
             # the engines already hold the step's weights; at the last step this evaluation
             # is the "after" one, so it runs every measure and is not repeated

@@ -208,8 +208,6 @@ def train_loop(config: dict) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rltf_ray.chat import load_tokenizer
-
     cfg = config_from_dict(config["cfg"])
     model_path = config["model_path"]
     ctx = ray.train.get_context()
@@ -220,15 +218,14 @@ def train_loop(config: dict) -> None:
     torch.set_num_threads(cfg.trainer.cpu_threads_per_worker)
     # The shm comm op would JIT-compile for ~60 s on first use; gloo is enough on CPU.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    tokenizer = load_tokenizer(model_path)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     broker_name = config["broker_name"]
     actor = Learner(model_path, cfg, config["engines"], config["engine_dtype"], rank, (broker_name, "actor"))
+    tokenizer, pad_id = actor.tokenizer, actor.pad_id
     critic = None
     if config.get("critic_engines") and cfg.binac.critic_steps > 0:
+        # its own tokenizer and pad id: the critic's vocabulary may differ from the actor's
         critic = Learner(config["critic_model_path"], critic_config(cfg), config["critic_engines"],
                          config["engine_dtype"], rank, (broker_name, "critic"))
-        critic_tok = load_tokenizer(config["critic_model_path"])
     binac = cfg.binac if config.get("critic_engines") else None
     broker = ray.get_actor(broker_name)
     ckpt_dir = os.path.join(config["output_dir"], "checkpoints")
@@ -261,7 +258,7 @@ def train_loop(config: dict) -> None:
         if rank == 0:  # HF folders that vLLM and pipelines/eval.py load
             actor.save(path, state, tokenizer)
             if cstate is not None:
-                critic.save(os.path.join(path, "critic"), cstate, critic_tok)
+                critic.save(os.path.join(path, "critic"), cstate, critic.tokenizer)
         states.clear()
         with tempfile.TemporaryDirectory() as tmp:
             save_train_state(tmp, steps_done, actor, critic, rank, list(recent))
@@ -293,7 +290,7 @@ def train_loop(config: dict) -> None:
             states["actor"] = actor.push()
             metrics["seconds_sync"] += time.perf_counter() - t1
         if critic is not None and binac.critic_trains(step):
-            metrics.update(critic_learn_step(critic.engine, rows, cfg, pad_id, step, rank, world))
+            metrics.update(critic_learn_step(critic.engine, rows, cfg, critic.pad_id, step, rank, world))
             t1 = time.perf_counter()
             states["critic"] = critic.push()
             metrics["seconds_sync"] += time.perf_counter() - t1

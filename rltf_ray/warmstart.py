@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from rltf_ray.chat import encode, first_turn_messages, load_tokenizer, revision_messages
+from rltf_ray.chat import encode, first_turn_messages, load_tokenizer, pad_id, revision_messages
 
 
 def format_demos(task, start: int, count: int) -> list[tuple[list[dict], str]]:
@@ -33,10 +33,10 @@ def format_demos(task, start: int, count: int) -> list[tuple[list[dict], str]]:
     return out
 
 
-def revision_demos(engines: list, model_path: str, task, template: str, start: int, count: int,
-                   temperature: float, max_tokens: int, samples: int = 2) -> tuple[list, dict]:
-    """(conversation, target) pairs built from the model's own wrong first answers on
-    training problems start.. (sampled until `count` are found or the problems run out)."""
+def wrong_attempts(engine, model_path: str, task, start: int, count: int, temperature: float,
+                   max_tokens: int, samples: int = 2) -> tuple[list, dict]:
+    """The model's own wrong first answers, (row, answer, meta), on training problems start..
+    (sampled until `count` are found or the problems run out), and the accuracy it had."""
     import ray
 
     tok = load_tokenizer(model_path)
@@ -46,8 +46,8 @@ def revision_demos(engines: list, model_path: str, task, template: str, start: i
         rows = list(task.rows("train", i, 32))
         i += 32
         prompts = [encode(tok, first_turn_messages(r["prompt"])) for r in rows]
-        res = ray.get(engines[0].generate.remote(prompts, n=samples, temperature=temperature, top_p=1.0,
-                                                 max_tokens=max_tokens))
+        res = ray.get(engine.generate.remote(prompts, n=samples, temperature=temperature, top_p=1.0,
+                                             max_tokens=max_tokens))
         for row, group in zip(rows, res["outputs"]):
             meta = json.loads(row["meta"])
             for g in group:
@@ -56,9 +56,48 @@ def revision_demos(engines: list, model_path: str, task, template: str, start: i
                     continue
                 wrong += 1  # every wrong answer counts, so that the accuracy below is the model's
                 if len(out) < count:
-                    conv = revision_messages(row["prompt"], [(g.text, task.critique(g.text, meta))], template)
-                    out.append((conv, task.demonstration(meta)))
-    return out, {"sampled": seen, "wrong": wrong, "first_turn_accuracy": 1 - wrong / max(seen, 1)}
+                    out.append((row, g.text, meta))
+    return out, {"sampled": seen, "wrong": wrong, "first_turn_accuracy": 1 - wrong / max(seen, 1),
+                 "next_problem": i}
+
+
+def revision_demos(engines: list, model_path: str, task, template: str, start: int, count: int,
+                   temperature: float, max_tokens: int, samples: int = 2) -> tuple[list, dict]:
+    """(conversation, target) pairs built from the model's own wrong first answers on
+    training problems start.. and the task's programmatic critique of each."""
+    wrong, stats = wrong_attempts(engines[0], model_path, task, start, count, temperature, max_tokens, samples)
+    stats.pop("next_problem")
+    return [(revision_messages(row["prompt"], [(text, task.critique(text, meta))], template),
+             task.demonstration(meta)) for row, text, meta in wrong], stats
+
+
+def critic_demos(task, b, attempts: list) -> list[tuple[list[dict], str]]:
+    """The learned critic's warm start: for each wrong attempt, its conversation (as the
+    critic sees it in a run) -> the task's programmatic critique, ending with the verdict line."""
+    from rltf_ray.critics.judges import VERDICT_LINES
+    from rltf_ray.critics.learned import critic_messages
+
+    return [(critic_messages(b.prompt, row["prompt"], text, False if b.verdict_aware else None),
+             f"{task.critique(text, meta)}\n{VERDICT_LINES[1]}") for row, text, meta in attempts]
+
+
+def verdict_line_rate(engine, critic_path: str, b, attempts: list) -> dict:
+    """How often the critic model writes the verdict line, over critiques of `attempts`
+    sampled as a run samples them (binac.temperature, binac.max_tokens)."""
+    import ray
+
+    from rltf_ray.critics.judges import parse_verdict
+    from rltf_ray.critics.learned import critic_messages
+
+    tok = load_tokenizer(critic_path)
+    prompts = [encode(tok, critic_messages(b.prompt, row["prompt"], text, False if b.verdict_aware else None))
+               for row, text, _ in attempts]
+    res = ray.get(engine.generate.remote(prompts, n=b.critiques_per_attempt, temperature=b.temperature,
+                                         top_p=1.0, max_tokens=b.max_tokens))
+    texts = [g.text for group in res["outputs"] for g in group]
+    verdicts = [parse_verdict(t) for t in texts]
+    return {"critiques": len(texts), "verdict_line_rate": sum(v is not None for v in verdicts) / max(len(texts), 1),
+            "says_incorrect": sum(v is False for v in verdicts) / max(len(texts), 1), "example": texts[0] if texts else ""}
 
 
 def sft(model_path: str, pairs: list[tuple[list[dict], str]], out_dir: str, lr: float = 1e-5,
@@ -74,7 +113,7 @@ def sft(model_path: str, pairs: list[tuple[list[dict], str]], out_dir: str, lr: 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    pad = pad_id(tok)
     examples = []
     for conv, target in pairs:
         x = encode(tok, conv)

@@ -21,6 +21,25 @@ def tiny_path() -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_wide_path(tiny_path, tmp_path_factory) -> str:
+    """The tiny model with one more token, its pad (id 512): a model whose vocabulary and pad
+    id differ from the tiny model's, whose largest id is 511."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("tiny_wide")
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    tok.add_special_tokens({"pad_token": "<|pad_wide|>"})
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    model.resize_token_embeddings(len(tok))
+    model.config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    assert tok.pad_token_id == 512
+    return str(out)
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_path):
     from rltf_ray.chat import load_tokenizer
 

@@ -115,28 +115,38 @@ def test_the_critic_learns_and_its_engine_serves_the_checkpoint(tiny_path, tiny_
 
 @pytest.mark.integration
 @pytest.mark.slow  # ~4-8 min on 2 cores: `make test-all`
-def test_binac_runs_two_steps_end_to_end(tmp_path, tiny_path):
+def test_binac_runs_two_steps_with_the_bilevel_term_and_a_critic_of_another_vocabulary(tmp_path, tiny_path,
+                                                                                      tiny_wide_path):
+    """The paper's preset, 1:1 alternating, the reference refreshed every version; the actor's
+    pad id (512) is outside the critic's vocabulary (0..511), so the critic must pad with its own."""
     from rltf_ray.runner import Pipeline
 
     cfg = load_config("pipelines/configs/tiny.yaml",
                       [f"run.output_dir={tmp_path}", "run.steps=2", "run.eval_before_after=false",
-                       "run.serve_http_port=8171", "binac.actor_steps=2", "binac.critic_steps=1",
-                       "binac.format_penalty=0.0", "run.checkpoint_every=1"], preset="binac")
+                       f"model.path={tiny_wide_path}", f"binac.critic_model={tiny_path}",
+                       "run.serve_http_port=8171", "binac.actor_steps=1", "binac.critic_steps=1",
+                       "binac.reference_every=1", "binac.format_penalty=0.0", "run.checkpoint_every=1"],
+                      preset="binac")
+    assert cfg.binac.bilevel_lambda == 1.0 and cfg.binac.schedule == "alternate"
     summary = Pipeline(cfg).run()
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [m["policy_version"] for m in lines] == [1, 2]  # the actor trains at every step
-    assert [m["critic_version"] for m in lines] == [0, 1]  # the critic at step 1 of each 2-cycle
-    assert [m["critic_trained"] for m in lines] == [False, True] and "loss_critic" in lines[1]
+    assert [m["policy_version"] for m in lines] == [1, 1]  # alternating: the actor at step 0
+    assert [m["critic_version"] for m in lines] == [0, 1]  # the critic at step 1
+    assert [m["actor_trained"] for m in lines] == [True, False] and "loss_critic" in lines[1]
     assert summary["critic_engine_versions"] == [1]
     import pyarrow.parquet as pq
 
     rows = pq.read_table(tmp_path / "rollouts" / "step_1.parquet").to_pylist()
     critiqued = [r for r in rows if r["critic_critiques"]]
-    assert len(critiqued) == sum(not r["correct_first"] for r in rows)  # early termination
-    for r in critiqued:  # K = 2 critiques, M = 1 revision each, the actor's revision in slot 0
+    assert critiqued and len(critiqued) == sum(not r["correct_first"] for r in rows)  # early termination
+    for r in critiqued:  # K = 2 critiques, M = 1 revision each by both actors
         assert len(r["critic_critiques"]) == 2 and r["critique"] == r["critic_critiques"][0]
-        assert len(r["critic_revisions"]) == 2 == len(r["critic_revision_rewards"])
+        assert len(r["critic_revisions"]) == 2 == len(r["critic_reference_revisions"])
+        assert len(r["critic_reference_rewards"]) == 2 == len(r["critic_revision_correct"])
         assert r["critic_revisions"][0] == r["revision"] and r["critic_version"] == 0
+    # the reference is version 1 at step 1 (refreshed every version), the current too: the
+    # terms come from the same weights, and the row's metrics are built from them
+    assert lines[1]["critic_reward_reference_mean"] is not None and "critic_fix_rate" in lines[1]
     fmt = [f for r in critiqued for f in r["critic_format_ok"]]
     assert lines[1]["critiques"] == 2 * len(critiqued) and lines[1]["critic_format_ok"] == pytest.approx(
         sum(fmt) / len(fmt))  # the share of critiques with a verdict line, from the rows

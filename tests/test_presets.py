@@ -15,7 +15,7 @@ PRESETS = sorted(f.stem for f in PRESET_DIR.glob("*.yaml"))
 # One end-to-end step per distinct code path (each costs about a minute of start-up); the
 # formulas of every preset are pinned in tests/test_objectives.py. rltf_sd and rltf_fm are
 # covered by rltf_sd_fm, sd_clip/sd_cispo by sd_is's pre-pass (under ZeRO-3 below),
-# sd_second_turn by its baseline tests, binac_grpo and binac by tests/test_binac.py.
+# sd_second_turn by its baseline tests, the Bi-NAC presets by tests/test_binac.py and test_bilevel.py.
 # grpo_multi (with the KL term) runs in the three-turn test and sft in the puzzle test, each
 # checked by check_step too, to save a pipeline start-up apiece.
 ONE_STEP = ["grpo_single", "rltf_sd_fm", "fixed_critic"]
@@ -23,7 +23,7 @@ ONE_STEP = ["grpo_single", "rltf_sd_fm", "fixed_critic"]
 
 def test_the_paper_presets_and_the_binac_presets_exist():
     assert {"grpo_single", "grpo_multi", "rltf_sd", "rltf_fm", "rltf_sd_fm", "sd_second_turn", "sft",
-            "sd_is", "sd_clip", "sd_cispo", "binac", "binac_grpo", "fixed_critic"} == set(PRESETS)
+            "sd_is", "sd_clip", "sd_cispo", "binac", "binac_no_bilevel", "binac_sd", "fixed_critic"} == set(PRESETS)
 
 
 def one_step(tmp_path, port, *overrides, preset=None):

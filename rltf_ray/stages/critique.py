@@ -164,9 +164,30 @@ def make_reward(task_cfg: TaskConfig, p: RewardParams, critic: CritiqueParams):
                 score, failed = (a.reward, a.correct, a.format_ok), False
             out.append({**r, **{round_col(c, k): v for c, v in zip(SECOND_TURN_SCORE, score)},
                         round_col("reward_failed", k): failed})
-            if k == 1:  # the learned critic's extra revisions (a learned critic needs a verifier)
-                extra = r.get("critic_revisions") or []
-                out[-1]["critic_revision_rewards"] = [task.score(t, _meta(r["meta"])).reward for t in extra]
+            if k == 1:  # the learned critic's revisions (a learned critic needs a verifier)
+                out[-1].update(critic_scores(task, r))
         return out
 
     return reward
+
+
+def critic_scores(task, row: dict) -> dict:
+    """Rewards (and, for the current actor, correctness) of the learned critic's revisions. A
+    revision that could not be made (None: its x1 did not fit) scores as the attempt it
+    revises, as an overflowed episode of the actor does."""
+    meta = _meta(row["meta"])
+    carried = (float(row["reward_first"]), bool(row["correct_first"]))
+
+    def score(text: str | None) -> tuple[float, bool]:
+        if text is None:
+            return carried
+        s = task.score(text, meta)
+        return s.reward, bool(s.correct)
+
+    def scores(texts) -> list[tuple[float, bool]]:
+        return [score(t) for t in texts or []]
+
+    current = scores(row.get("critic_revisions"))
+    return {"critic_revision_rewards": [r for r, _ in current],
+            "critic_revision_correct": [c for _, c in current],
+            "critic_reference_rewards": [r for r, _ in scores(row.get("critic_reference_revisions"))]}

@@ -83,7 +83,8 @@ class PolicyEngine:
     """One vLLM engine (wrapped as a Ray actor by `start_engines`)."""
 
     def __init__(self, model_path: str, cfg: EngineConfig, dtype: str, seed: int,
-                 use_gpu: bool = False, restore_from: tuple[str, str] | None = None):
+                 use_gpu: bool = False, restore_from: tuple[str, str] | None = None,
+                 reference_every: int = 0):
         try:
             from vllm import LLM
         except ImportError as e:  # never swap engines silently
@@ -107,6 +108,15 @@ class PolicyEngine:
         self.vllm = VLLMThread()
         self.llm = self.vllm.run(LLM, **kwargs)
         self.version = 0
+        self.use_gpu = use_gpu
+        # Bi-NAC's reference actor (reference_every > 0): the weights of the last policy
+        # version divisible by reference_every, held beside the current ones and swapped in
+        # for `generate(reference=True)`. A weight payload, or None for the model on disk.
+        self.reference_every = reference_every
+        self.held: dict = {"current": None, "reference": None}
+        self.reference_version = 0
+        if reference_every and use_gpu:
+            self.vllm.run(self.llm.collective_rpc, "hold_weights", kwargs={"on": True})
         if restore_from and ray.get_runtime_context().was_current_actor_reconstructed:
             self._restore(*restore_from)
 
@@ -116,7 +126,7 @@ class PolicyEngine:
         latest = ray.get(ray.get_actor(broker_name).latest_weights.remote(slot))
         if latest is not None:  # None: nothing was pushed yet, the base model is current
             payload, version = latest
-            self.load_weights(payload, version)
+            self.load_weights(payload, version, refresh_reference=True)
 
     def ready(self) -> int:
         return self.version
@@ -125,9 +135,11 @@ class PolicyEngine:
         return peak_rss_gb()
 
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
-                 max_tokens: int) -> dict:
+                 max_tokens: int, reference: bool = False) -> dict:
         """Sample `n` completions per token-id prompt; returns outputs, version, timings and,
         per prompt, how many of its tokens vLLM's prefix cache served (`cached`).
+        With `reference`, the reference actor samples them (its version is returned); the
+        current weights are back before any other call runs.
 
         No per-request seed: on the CPU backend a seeded request whose prefill is chunked
         crashes vLLM 0.32 ("CPU Generator does not use offset"); the engine seed is set once."""
@@ -137,11 +149,21 @@ class PolicyEngine:
         sp = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                             logprobs=0)
 
+        if reference and not self.reference_every:
+            raise RuntimeError("generate(reference=True): this engine holds no reference actor "
+                               "(it was started with reference_every=0)")
+
         def gen():
             t0 = time.perf_counter()
-            outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
-                                     use_tqdm=False)
-            return outs, time.perf_counter() - t0, self.version
+            if reference:
+                self._serve("reference")
+            try:
+                outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
+                                         use_tqdm=False)
+            finally:
+                if reference:
+                    self._serve("current")
+            return outs, time.perf_counter() - t0, self.reference_version if reference else self.version
 
         outs, seconds, version = self.vllm.run(gen)
         result, tokens = [], 0
@@ -155,21 +177,52 @@ class PolicyEngine:
         return {"outputs": result, "version": version, "seconds": seconds, "tokens": tokens,
                 "cached": [o.num_cached_tokens or 0 for o in outs]}
 
-    def load_weights(self, payload: list, version: int) -> int:
+    def load_weights(self, payload: list, version: int, refresh_reference: bool = False) -> int:
         """CPU path: reload from weights that came through the object store (`pack`ed)."""
         from rltf_ray.weight_sync.object_store import unpack
 
-        self.collective_rpc("reload_weights", {"weights_iterator": unpack(payload)}, version)
+        self.collective_rpc("reload_weights", {"weights_iterator": unpack(payload)}, version,
+                            payload=payload, refresh_reference=refresh_reference)
         return version
 
-    def collective_rpc(self, method: str, kwargs: dict | None = None, version: int | None = None):
+    def _track_reference(self, version: int, force: bool) -> None:
+        """On the vLLM thread, after `version` was loaded: the reference actor becomes these
+        weights when the version is divisible by reference_every, or when the engine jumped to
+        it (a restart or a resumed run, whose earlier versions it never saw: the reference
+        restarts from the restored weights)."""
+        if force or version % self.reference_every == 0:
+            self.reference_version = version
+            if self.use_gpu:
+                self.llm.collective_rpc("hold_reference")
+            else:
+                self.held["reference"] = self.held["current"]
+
+    def _serve(self, which: str) -> None:
+        """On the vLLM thread: load the held `which` weights (None: the model on disk)."""
+        if self.use_gpu:
+            self.llm.collective_rpc("load_held", kwargs={"which": which})
+        else:
+            from rltf_ray.weight_sync.object_store import unpack
+
+            payload = self.held[which]
+            self.llm.collective_rpc("reload_weights",
+                                    kwargs={} if payload is None else {"weights_iterator": unpack(payload)})
+        self.llm.reset_prefix_cache()  # KV blocks computed under the other weights
+
+    def collective_rpc(self, method: str, kwargs: dict | None = None, version: int | None = None,
+                       payload: list | None = None, refresh_reference: bool = False):
         """Run a worker method (GPU: a worker-extension one, see weight_sync/nccl.py); with
-        `version`, the weights it loaded become that policy version."""
+        `version`, the weights it loaded (`payload` on the CPU path) become that policy
+        version -- all on the vLLM thread, so that no generate call sees a half-done swap."""
         def rpc():
             out = self.llm.collective_rpc(method, kwargs=kwargs or {})
             if version is not None:
                 self.llm.reset_prefix_cache()  # old-weight KV blocks would otherwise be reused
+                jumped = version > self.version + 1
                 self.version = version
+                if self.reference_every:
+                    self.held["current"] = payload  # (NCCL: None; the workers hold the copy)
+                    self._track_reference(version, jumped or refresh_reference)
             return out
 
         return self.vllm.run(rpc)
@@ -177,10 +230,11 @@ class PolicyEngine:
 
 def start_engines(model_path: str, cfg: EngineConfig, dtype: str, seed: int,
                   use_gpu: bool = False, name: str | None = None,
-                  restore_from: tuple[str, str] | None = None) -> list:
+                  restore_from: tuple[str, str] | None = None, reference_every: int = 0) -> list:
     """Start `cfg.num_engines` engine actors and wait until each has loaded the model.
     With `name`, engine i is the named actor f"{name}-{i}" (found by others by name, and
-    shown by that name in the Ray dashboard)."""
+    shown by that name in the Ray dashboard); with `reference_every`, each also holds
+    Bi-NAC's reference actor."""
     actor = ray.remote(PolicyEngine)
     engines = []
     for i in range(cfg.num_engines):
@@ -193,6 +247,7 @@ def start_engines(model_path: str, cfg: EngineConfig, dtype: str, seed: int,
             opts["resources"] = dict(cfg.resources)
         if restore_from and not use_gpu:  # a restarted GPU engine could not rejoin the NCCL group
             opts.update(max_restarts=cfg.max_restarts, max_task_retries=cfg.max_restarts)
-        engines.append(actor.options(**opts).remote(model_path, cfg, dtype, seed + i, use_gpu, restore_from))
+        engines.append(actor.options(**opts).remote(model_path, cfg, dtype, seed + i, use_gpu, restore_from,
+                                                    reference_every))
     ray.get([e.ready.remote() for e in engines])
     return engines

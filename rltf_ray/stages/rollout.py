@@ -63,10 +63,11 @@ def make_generate(engines: list, model_path: str, p: GenerateParams, node: str,
 
 
 def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_model_len: int,
-                critic_revisions: int = 1):
+                critic_revisions: int = 1, bilevel: bool = False):
     """Round k: one revision y_k from x_k = [x0, y0, c0, ..., y_{k-1}, c_{k-1}]. In round 1,
     a learned critic's K critiques each also get `critic_revisions` (M) revisions, which
-    reward the critic; the actor's own revision fills the first slot of critique 0."""
+    reward the critic; the actor's own revision fills the first slot of critique 0. With
+    `bilevel`, the reference actor also makes M revisions from each critique."""
     k = p.round
 
     def col(name: str) -> str:
@@ -88,7 +89,8 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
                         top_p=p.top_p, max_tokens=p.max_tokens)
         done = {i: (ids, group[0]) for i, ids, group in zip(todo, prompts, res["outputs"])}
         cached = dict(zip(todo, res["cached"]))
-        extra, extra_tokens, extra_s = (for_critic(rows, done, tok) if k == 1 else ({}, {}, 0.0))
+        extra = for_critic(rows, done, tok) if k == 1 else ({}, {}, {}, 0.0)
+        current, reference, extra_tokens, extra_s = extra
         out = []
         for i, r in enumerate(rows):
             ids, g = done.get(i, ([], None))
@@ -103,33 +105,48 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
                         "gen_tokens": r["gen_tokens"] + (len(g.token_ids) if g else 0) + extra_tokens.get(i, 0),
                         "gen_seconds": r["gen_seconds"] + (res["seconds"] + extra_s) / max(len(rows), 1)})
             if k == 1:
-                out[-1]["critic_revisions"] = extra.get(i, [])
+                out[-1].update(critic_revisions=current.get(i, []), critic_reference_revisions=reference.get(i, []))
         return out
 
-    def for_critic(rows: list[dict], done: dict, tok) -> tuple[dict, dict, float]:
-        """{row: K x M revision texts (critique-major)}, {row: generated tokens}, seconds."""
+    def for_critic(rows: list[dict], done: dict, tok) -> tuple[dict, dict, dict, float]:
+        """K x M revisions (critique-major) of each critiqued row by the current actor, and
+        (bilevel) by the reference actor; {row: generated tokens}; seconds. A critique whose
+        x1 does not fit gets None revisions (counted as the critic's context overflow)
+        instead of failing the step."""
         m = critic_revisions
-        texts = {i: [[] for _ in r["critic_critiques"]] for i, r in enumerate(rows) if r.get("critic_critiques")}
-        jobs: dict[int, list] = {}  # samples still needed -> (row, critique, prompt ids)
-        for i in texts:
-            r = rows[i]
-            if i in done:
-                texts[i][0].append(done[i][1].text)
-            for kk, c in enumerate(r["critic_critiques"]):
-                need = m - len(texts[i][kk])
-                if need:
-                    ids = encode(tok, revision_messages(r["prompt"], [(r["response"], c)], p.template))
-                    jobs.setdefault(need, []).append((i, kk, ids))
+        crit = {i: r["critic_critiques"] for i, r in enumerate(rows) if r.get("critic_critiques")}
+        current = {i: [[] for _ in cs] for i, cs in crit.items()}
+        reference = {i: [[] for _ in cs] for i, cs in crit.items()} if bilevel else {}
+        x1 = {}
+        for i, cs in crit.items():
+            if i in done:  # the actor's own revision, from critique 0
+                current[i][0].append(done[i][1].text)
+            for kk, c in enumerate(cs):
+                x1[i, kk] = encode(tok, revision_messages(rows[i]["prompt"], [(rows[i]["response"], c)], p.template))
+        jobs: dict[tuple[bool, int], list] = {}  # (reference?, samples still needed) -> critiques
+        for (i, kk), ids in x1.items():
+            if len(ids) + p.max_tokens > max_model_len:
+                current[i][kk] = [None] * m
+                if bilevel:
+                    reference[i][kk] = [None] * m
+                continue
+            if m > len(current[i][kk]):
+                jobs.setdefault((False, m - len(current[i][kk])), []).append((i, kk))
+            if bilevel:
+                jobs.setdefault((True, m), []).append((i, kk))
         tokens: dict[int, int] = {}
         seconds = 0.0
-        for need, js in jobs.items():
-            check_lengths([rows[i] for i, _, _ in js], [ids for _, _, ids in js], p.max_tokens, max_model_len, node)
-            res = _call(engines, [ids for _, _, ids in js], node, n=need,
-                        temperature=p.temperature, top_p=p.top_p, max_tokens=p.max_tokens)
+        for (ref, need), keys in jobs.items():
+            res = _call(engines, [x1[key] for key in keys], node, n=need, temperature=p.temperature,
+                        top_p=p.top_p, max_tokens=p.max_tokens, **({"reference": True} if ref else {}))
             seconds += res["seconds"]
-            for (i, kk, _), group in zip(js, res["outputs"]):
-                texts[i][kk] += [g.text for g in group]
+            for (i, kk), group in zip(keys, res["outputs"]):
+                (reference if ref else current)[i][kk] += [g.text for g in group]
                 tokens[i] = tokens.get(i, 0) + sum(len(g.token_ids) for g in group)
-        return {i: [t for per in v for t in per] for i, v in texts.items()}, tokens, seconds
+
+        def flat(texts: dict) -> dict:
+            return {i: [t for per in v for t in per] for i, v in texts.items()}
+
+        return flat(current), flat(reference), tokens, seconds
 
     return revise

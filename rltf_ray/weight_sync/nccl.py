@@ -85,3 +85,23 @@ class EngineWorkerExtension:
             weights.append((name, buf))
         stream.synchronize()
         self.model_runner.model.load_weights(weights=weights)
+        if getattr(self, "rltf_hold", False):  # Bi-NAC's reference actor needs a host copy
+            self.rltf_held["current"] = [(n, w.to("cpu")) for n, w in weights]
+
+    # Bi-NAC's reference actor on GPU (PolicyEngine with reference_every): the current and
+    # the reference weights are held in host memory, so that the engine's GPU memory stays
+    # the KV cache's. Untested here: this machine has no GPU.
+
+    def hold_weights(self, on: bool) -> None:
+        self.rltf_hold = on
+        self.rltf_held = {"current": None, "reference": None}  # None: the model on disk
+
+    def hold_reference(self) -> None:
+        self.rltf_held["reference"] = self.rltf_held["current"]
+
+    def load_held(self, which: str) -> None:
+        held = self.rltf_held[which]
+        if held is None:
+            self.model_runner.reload_weights()  # from the checkpoint the engine started with
+        else:
+            self.model_runner.model.load_weights(weights=[(n, w.to(self.device)) for n, w in held])
