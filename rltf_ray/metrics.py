@@ -31,7 +31,7 @@ def critic_metrics(rows: list[dict], b) -> dict:
     reference = [u for r in rows for u in critic_reference_utilities(r, b)]
     return {"critic_reward_mean": _mean(rewards),
             "critic_reward_reference_mean": _mean(reference) if reference else None,
-            "critic_fix_rate": _mean(fixes) if fixes else None,
+            "critic_fix_rate": _mean(fixes) if fixes else None, "critic_fix_revisions": len(fixes),
             "critic_format_ok": _mean(fmt),
             "critic_format_waived_groups": sum(format_waived(r["critic_format_ok"], b) for r in rows),
             "critic_revisions_overflowed": sum(t is None for r in rows for t in r.get("critic_revisions") or []),

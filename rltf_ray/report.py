@@ -37,7 +37,22 @@ def collect_run(out: Path, preset: str, seed: int) -> dict:
             "seconds": sum(m.get("seconds_step", 0.0) for m in steps),
             "revision_gain": mean_se([m["revision_gain"] for m in steps if "revision_gain" in m])[0],
             "first_turn_accuracy_train": mean_se([m["first_turn_accuracy"] for m in steps])[0],
-            "prompt_ids": [m.get("prompt_ids", []) for m in steps]}
+            "prompt_ids": [m.get("prompt_ids", []) for m in steps],
+            "critic_fix_rate_halves": fix_rate_halves(steps)}
+
+
+def fix_rate_halves(steps: list[dict]) -> list[float] | None:
+    """A learned critic's fix rate (the share of revisions from its critiques of wrong first
+    answers that are correct) over the first and the second half of the run's steps, each
+    pooled over its revisions; None without a learned critic."""
+    half = len(steps) // 2
+    out = []
+    for part in (steps[:half], steps[half:]):
+        got = [(m["critic_fix_rate"], m.get("critic_fix_revisions", 1)) for m in part
+               if m.get("critic_fix_rate") is not None]
+        n = sum(c for _, c in got)
+        out.append(sum(r * c for r, c in got) / n if n else math.nan)
+    return None if all(math.isnan(x) for x in out) else out
 
 
 def _cell(values: list[float]) -> str:
@@ -56,8 +71,10 @@ def write_table(runs: list[dict], path: Path, title: str = "") -> str:
     extra = sorted({k for r in runs for k in (r["after"] or {})
                     if (k.startswith("pass@") or k.startswith("feedback_accuracy_")
                         or k.startswith("self_feedback_accuracy_")) and not k.endswith("_se")})
+    fix = any(r.get("critic_fix_rate_halves") for r in runs)
     head = ["preset", "seeds", "held-out acc after (greedy)", "before", "change", "revision gain (train)",
-            *extra, "gen tokens / run", "minutes / run"]
+            *extra, *(["critic fix rate, 1st half", "2nd half", "2nd - 1st"] if fix else []),
+            "gen tokens / run", "minutes / run"]
     lines = [f"# {title}" if title else "", "", "| " + " | ".join(head) + " |",
              "|" + " --- |" * len(head)]
     for preset, rs in by.items():
@@ -67,6 +84,10 @@ def write_table(runs: list[dict], path: Path, title: str = "") -> str:
         cells = [preset, str(len(rs)), _cell(after), _cell(before), _cell(change),
                  f"{mean_se([r['revision_gain'] for r in rs])[0]:+.3f}"]
         cells += [_cell([r["after"][k] for r in rs if r["after"] and k in r["after"]]) for k in extra]
+        if fix:
+            halves = [h for r in rs if (h := r.get("critic_fix_rate_halves")) and not any(map(math.isnan, h))]
+            cells += [_cell([h[0] for h in halves]), _cell([h[1] for h in halves]),
+                      _cell([h[1] - h[0] for h in halves])] if halves else ["-"] * 3
         cells += [f"{mean_se([r['generate_tokens'] for r in rs])[0]:.0f}",
                   f"{mean_se([r['seconds'] for r in rs])[0] / 60:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")

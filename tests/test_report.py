@@ -39,3 +39,19 @@ def test_paired_differences_by_seed(tmp_path):
     assert math.isnan(fm["se"]) and math.isnan(fm["t"])
     lines = (tmp_path / "runs.jsonl").read_text().splitlines()
     assert len(lines) == 7 and (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_the_critics_fix_rate_is_pooled_over_each_half_of_the_run(tmp_path):
+    from rltf_ray.report import fix_rate_halves
+
+    steps = [{"critic_fix_rate": 0.5, "critic_fix_revisions": 2}, {"critic_fix_rate": 0.0, "critic_fix_revisions": 6},
+             {"critic_fix_rate": None, "critic_fix_revisions": 0}, {"critic_fix_rate": 0.75, "critic_fix_revisions": 4}]
+    assert fix_rate_halves(steps) == pytest.approx([1 / 8, 0.75])  # (1 + 0) / 8; 3 / 4
+    assert fix_rate_halves([{"step": 0}, {"step": 1}]) is None  # no learned critic
+    d = run_dir(tmp_path, "binac", 0, 0.0, 0.5, steps=4)
+    (d / "metrics.jsonl").write_text("".join(json.dumps({**m, "step": s, "samples_seen": 32 * (s + 1),
+                                                         "first_turn_accuracy": 0.0, "seconds_step": 1.0}) + "\n"
+                                             for s, m in enumerate(steps)))
+    text = write_report(tmp_path, "t")
+    assert "critic fix rate, 1st half | 2nd half | 2nd - 1st" in text
+    assert "| 0.125 (1 seed) | 0.750 (1 seed) | 0.625 (1 seed) |" in text
