@@ -8,15 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 CFG=pipelines/configs/expansion.yaml
-WARM=outputs/exp/warm_conv_ex
-if [ ! -f $WARM/config.json ]; then  # a fresh checkout: the registered warm start, first
-  $PY pipelines/warmstart.py --config $CFG --out $WARM --revision-demos 300 --epochs 2 --lr 2e-5 \
-      'task.params.rule=[concat,swap,repeat,offset,double]' model.path=smollm2
-fi
-want=$($PY -c "import json; print(json.load(open('results/expansion/warmstart.json'))['model.safetensors sha256'])")
-got=$(sha256sum $WARM/model.safetensors | cut -c1-64)
-[ "$want" = "$got" ] || echo "[expansion] NOTE: this warm start's weights differ from the one the first runs used" \
-    "(sha256 $got, recorded $want); each run's before-evaluation records its p0 and p1"
+docs/scripts/warm_conv.sh  # the registered warm start (built in a fresh checkout)
 for lr in 1e-5 3e-5; do
   $PY pipelines/compare.py --config $CFG --presets grpo_single --seeds 1 --first-seed 100 \
       --name expansion_pilot_lr$lr --git-commit run.steps=16 trainer.lr=$lr
