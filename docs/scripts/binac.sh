@@ -21,9 +21,13 @@ if [ ! -f $CRITIC/config.json ]; then
     $PY pipelines/warmstart.py --critic --config $CFG --out $CRITIC --critic-demos 300 --epochs 4 --lr 2e-5 \
         binac.critic_model=smollm2 binac.temperature=0.7 binac.critiques_per_attempt=2
   fi
-  cp $CRITIC/warmstart.json results/binac/critic_warmstart.json
-  sha256sum $CRITIC/model.safetensors | cut -c1-64 > results/binac/critic_sha256.txt
-  git add results/binac/critic_warmstart.json results/binac/critic_sha256.txt
+  $PY - <<PY
+import json, subprocess
+d = json.load(open("$CRITIC/warmstart.json"))
+d["model.safetensors sha256"] = subprocess.check_output(["sha256sum", "$CRITIC/model.safetensors"]).decode()[:64]
+json.dump(d, open("results/binac/critic_warmstart.json", "w"), indent=2)
+PY
+  git add results/binac/critic_warmstart.json
   git commit -qm "results/binac: the critic warm start's record" || true
 fi
 $PY pipelines/compare.py --config $CFG --presets fixed_critic,binac_no_bilevel,binac --seeds 3 --name binac \
