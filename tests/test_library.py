@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -183,6 +184,9 @@ def test_eval_path_rows_are_validated_whole(tmp_path):
 # -- the package as pip installs it ----------------------------------------------------------
 def test_a_non_editable_install_keeps_presets_and_the_command(tmp_path):
     target = tmp_path / "site"
+    # setuptools builds into ./build and never deletes from it: a preset removed from the
+    # source would still be installed from an earlier build's copy
+    shutil.rmtree(ROOT / "build", ignore_errors=True)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(ROOT)], check=True, timeout=600, capture_output=True)
     presets = sorted(p.stem for p in (target / "rltf_ray" / "presets").glob("*.yaml"))
