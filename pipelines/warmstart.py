@@ -98,27 +98,30 @@ def warm_start_critic(cfg, args, task, model: str, gen) -> int:
     from rltf_ray.stages.engine import start_engines
     from rltf_ray.warmstart import critic_demos, sft, verdict_line_rate, wrong_attempts
 
+    import dataclasses
+
     b = cfg.binac
     critic = resolve_model(b.critic_model or cfg.model.path)
     dtype = resolve_dtype(cfg.model.dtype, False)
+    one = dataclasses.replace(cfg.engine, num_engines=1)  # each model in turn, one engine each
     stats: dict = {"actor_model": model, "critic_base_model": critic, "first_problem": args.first_problem}
     init_ray(cfg)
     try:
-        actor = start_engines(model, cfg.engine, dtype, cfg.run.seed)[0]
+        actor = start_engines(model, one, dtype, cfg.run.seed)[0]
         demos, sampled = wrong_attempts(actor, model, task, args.first_problem, args.critic_demos,
                                         gen.temperature, gen.max_tokens)
         probe, _ = wrong_attempts(actor, model, task, sampled.pop("next_problem"), args.probe,
                                   gen.temperature, gen.max_tokens)
         ray.kill(actor)
         stats.update(critic_demos=len(demos), probe_attempts=len(probe), **{f"actor_{k}": v for k, v in sampled.items()})
-        base = start_engines(critic, cfg.engine, dtype, cfg.run.seed)[0]
+        base = start_engines(critic, one, dtype, cfg.run.seed)[0]
         stats["before"] = verdict_line_rate(base, critic, b, probe)
         ray.kill(base)
         print(f"[warmstart] critic: {len(demos)} demonstrations; verdict line before: "
               f"{stats['before']['verdict_line_rate']:.3f}; training {args.epochs} epoch(s)", flush=True)
         stats.update(sft(critic, critic_demos(task, b, demos), args.out, lr=args.lr, epochs=args.epochs,
                          batch_size=args.batch_size, seed=cfg.run.seed))
-        after = start_engines(args.out, cfg.engine, dtype, cfg.run.seed)[0]
+        after = start_engines(args.out, one, dtype, cfg.run.seed)[0]
         stats["after"] = verdict_line_rate(after, args.out, b, probe)
     finally:
         ray.shutdown()

@@ -27,7 +27,8 @@ def critic_metrics(rows: list[dict], b) -> dict:
     rewards = [x for r in rows for x in critic_row_rewards(r, b)]
     fmt = [f for r in rows for f in r["critic_format_ok"]]
     agree = [v == r["correct_first"] for r in rows for v in r["critic_verdicts"] if v is not None]
-    fixes = [c for r in rows if not r["correct_first"] for c in r.get("critic_revision_correct") or []]
+    fixes = [c for r in rows if not r["correct_first"] for c in r.get("critic_revision_correct") or []
+             if c is not None]  # None: the revision could not be made
     reference = [u for r in rows for u in critic_reference_utilities(r, b)]
     return {"critic_reward_mean": _mean(rewards),
             "critic_reward_reference_mean": _mean(reference) if reference else None,

@@ -20,7 +20,7 @@ class StepRunner:
     def rollout(self, step: int) -> pa.Table:
         import ray
 
-        from rltf_ray.stages import arrow_stage
+        from rltf_ray.stages import arrow_stage, concat_blocks
         from rltf_ray.stages.critique import make_critique, make_reward
         from rltf_ray.stages.rollout import make_generate, make_revise
 
@@ -41,7 +41,7 @@ class StepRunner:
                   "reward": lambda: make_reward(self.cfg.task, p, critic)}[node.kind]
             ds = ds.map_batches(arrow_stage(node.kind, node.name, fn(), node_round(node)),
                                 batch_size=p.batch_size, batch_format="pyarrow", num_cpus=0.1, **remote_args)
-        table = pa.concat_tables(ray.get(list(ds.to_arrow_refs())))
+        table = concat_blocks(ray.get(list(ds.to_arrow_refs())))
         expected = len(rows) * node_params(self.cfg.node("generate")).n
         if table.num_rows != expected:
             raise RuntimeError(f"step {step}: {table.num_rows} rollout rows reached the trainer, "

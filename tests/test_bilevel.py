@@ -62,11 +62,12 @@ def test_critic_metrics_report_the_reference_term_and_the_fix_rate():
     row = {"reward_first": 0.0, "correct_first": False, "critic_critiques": ["a", "b"],
            "critic_critique_ids": [[1, 2], [3]], "critic_verdicts": [False, False],
            "critic_format_ok": [True, True], "critic_revisions": ["x", None],
-           "critic_revision_rewards": [1.0, 0.0], "critic_revision_correct": [True, False],
+           "critic_revision_rewards": [1.0, 0.0], "critic_revision_correct": [True, None],
            "critic_reference_rewards": [0.0, 0.0], "critic_version": 3}
     m = critic_metrics([row], b)
     assert m["critic_reward_mean"] == pytest.approx((2.0 + 0.0) / 2)
-    assert m["critic_reward_reference_mean"] == 0.0 and m["critic_fix_rate"] == 0.5
+    # the revision that could not be made (None) is no failed fix: 1 of 1
+    assert m["critic_reward_reference_mean"] == 0.0 and m["critic_fix_rate"] == 1.0
     assert m["critic_revisions_overflowed"] == 1 and m["critic_version_rollout"] == 3
 
 
@@ -78,7 +79,7 @@ def test_a_revision_that_could_not_be_made_scores_as_the_attempt_it_revises():
     row = {"meta": {"answer": 7}, "reward_first": 0.25, "correct_first": False,
            "critic_revisions": ["<answer>7</answer>", None], "critic_reference_revisions": [None, "8"]}
     got = critic_scores(task, row)
-    assert got["critic_revision_rewards"][1] == 0.25 and got["critic_revision_correct"] == [True, False]
+    assert got["critic_revision_rewards"][1] == 0.25 and got["critic_revision_correct"] == [True, None]
     assert got["critic_revision_rewards"][0] == task.score("<answer>7</answer>", {"answer": 7}).reward
     assert got["critic_reference_rewards"][0] == 0.25
 
@@ -185,6 +186,25 @@ def test_the_engine_serves_the_reference_actor_and_refreshes_it_every_reference_
     out3 = push(3)
     assert out3 != out2
     assert _greedy(reference_engine, reference=True) == (out2, 2) and _greedy(reference_engine) == (out3, 3)
+    # a trainer restored to an older checkpoint pushes an older version: the reference (v2)
+    # would be newer than the actor, so it restarts from the restored weights
+    back = push(1)
+    assert _greedy(reference_engine, reference=True) == (back, 1)
+
+
+def test_blocks_whose_empty_list_columns_were_typed_null_concatenate():
+    import pyarrow as pa
+
+    from rltf_ray.stages import concat_blocks
+
+    none = pa.Table.from_pylist([{"critic_reference_revisions": [], "revision_ids": [3]}])
+    some = pa.Table.from_pylist([{"critic_reference_revisions": ["y", None], "revision_ids": []}])
+    with pytest.raises(pa.ArrowInvalid):
+        pa.concat_tables([none, some])  # what the step did before
+    got = concat_blocks([none, some])
+    assert got.schema.field("critic_reference_revisions").type == pa.list_(pa.string())
+    assert got.to_pylist() == [{"critic_reference_revisions": [], "revision_ids": [3]},
+                               {"critic_reference_revisions": ["y", None], "revision_ids": []}]
 
 
 @pytest.mark.integration

@@ -69,3 +69,12 @@ def arrow_stage(kind: str, node: str, fn: Callable[[list[dict]], list[dict]], ro
         return pa.Table.from_pylist(rows)
 
     return run
+
+
+def concat_blocks(tables: list[pa.Table]) -> pa.Table:
+    """A step's Ray Data blocks as one table. Each block's types were inferred from its own
+    rows, so a list column that is empty in every row of one block (no revision, no learned
+    critique there) is list<null> in it and list<string> in another: null promotes to the
+    other's type instead of failing the step."""
+    return pa.concat_tables(tables, promote_options="permissive")
+

@@ -174,11 +174,12 @@ def make_reward(task_cfg: TaskConfig, p: RewardParams, critic: CritiqueParams):
 def critic_scores(task, row: dict) -> dict:
     """Rewards (and, for the current actor, correctness) of the learned critic's revisions. A
     revision that could not be made (None: its x1 did not fit) scores as the attempt it
-    revises, as an overflowed episode of the actor does."""
+    revises, as an overflowed episode of the actor does; its correctness is None (no fix was
+    tried, so the fix rate leaves it out)."""
     meta = _meta(row["meta"])
-    carried = (float(row["reward_first"]), bool(row["correct_first"]))
+    carried = (float(row["reward_first"]), None)
 
-    def score(text: str | None) -> tuple[float, bool]:
+    def score(text: str | None) -> tuple[float, bool | None]:
         if text is None:
             return carried
         s = task.score(text, meta)

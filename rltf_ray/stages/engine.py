@@ -154,15 +154,16 @@ class PolicyEngine:
                                "(it was started with reference_every=0)")
 
         def gen():
+            self._check_weights()
             t0 = time.perf_counter()
-            if reference:
-                self._serve("reference")
             try:
+                if reference:
+                    self._serve("reference")
                 outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
                                          use_tqdm=False)
             finally:
                 if reference:
-                    self._serve("current")
+                    self._restore_current()
             return outs, time.perf_counter() - t0, self.reference_version if reference else self.version
 
         outs, seconds, version = self.vllm.run(gen)
@@ -197,6 +198,19 @@ class PolicyEngine:
             else:
                 self.held["reference"] = self.held["current"]
 
+    def _restore_current(self) -> None:
+        """Back to the current weights after a reference call; an engine that cannot get them
+        back refuses every later call rather than serve the wrong weights under this version."""
+        try:
+            self._serve("current")
+        except BaseException as e:
+            self.broken = f"the current weights could not be restored after a reference call ({e!r})"
+            raise
+
+    def _check_weights(self) -> None:
+        if getattr(self, "broken", None):
+            raise RuntimeError(f"engine unusable: {self.broken}; restart the run (--resume)")
+
     def _serve(self, which: str) -> None:
         """On the vLLM thread: load the held `which` weights (None: the model on disk)."""
         if self.use_gpu:
@@ -218,7 +232,9 @@ class PolicyEngine:
             out = self.llm.collective_rpc(method, kwargs=kwargs or {})
             if version is not None:
                 self.llm.reset_prefix_cache()  # old-weight KV blocks would otherwise be reused
-                jumped = version > self.version + 1
+                # not the next version: a resume, an engine restart, or a trainer restored to an
+                # older checkpoint while the engine lived on (its reference may be newer)
+                jumped = version > self.version + 1 or version < self.version
                 self.version = version
                 if self.reference_every:
                     self.held["current"] = payload  # (NCCL: None; the workers hold the copy)

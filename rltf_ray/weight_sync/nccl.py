@@ -104,4 +104,5 @@ class EngineWorkerExtension:
         if held is None:
             self.model_runner.reload_weights()  # from the checkpoint the engine started with
         else:
-            self.model_runner.model.load_weights(weights=[(n, w.to(self.device)) for n, w in held])
+            # one tensor on the GPU at a time, not a second copy of the model
+            self.model_runner.model.load_weights(weights=((n, w.to(self.device)) for n, w in held))
