@@ -115,6 +115,7 @@ class PolicyEngine:
         self.reference_every = reference_every
         self.held: dict = {"current": None, "reference": None}
         self.reference_version = 0
+        self.broken: str | None = None  # set when the current weights could not be restored
         if reference_every and use_gpu:
             self.vllm.run(self.llm.collective_rpc, "hold_weights", kwargs={"on": True})
         if restore_from and ray.get_runtime_context().was_current_actor_reconstructed:
@@ -200,7 +201,7 @@ class PolicyEngine:
 
     def _restore_current(self) -> None:
         """Back to the current weights after a reference call; an engine that cannot get them
-        back refuses every later call rather than serve the wrong weights under this version."""
+        back refuses every later generate call rather than serve the wrong weights under this version."""
         try:
             self._serve("current")
         except BaseException as e:
@@ -208,7 +209,7 @@ class PolicyEngine:
             raise
 
     def _check_weights(self) -> None:
-        if getattr(self, "broken", None):
+        if self.broken:
             raise RuntimeError(f"engine unusable: {self.broken}; restart the run (--resume)")
 
     def _serve(self, which: str) -> None:
