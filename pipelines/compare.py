@@ -7,8 +7,9 @@ Every (preset, seed) run gets the same config and overrides apart from the prese
 `run.seed = seed`: for one seed every preset sees the same prompts in the same order at the
 same number of first-turn samples (prompts_per_step x n x steps), and every run is scored on
 the same held-out problems. Outputs under `results/NAME/`: `runs/<preset>_s<seed>/` (each
-run's own output folder), `runs.jsonl` (every number), `table.md`, `paired.md` (each preset
-minus --baseline, paired by seed: mean, SE, t, per-seed values) and `curves.png`, rewritten
+run's own output folder), `runs.jsonl` (every number), `table.md`, `runs.md` (one row per run),
+`paired.md` (each preset minus --baseline, paired by seed: mean, SE, t, per-seed values, and
+the same along the way) and `curves.png`, rewritten
 after every finished run; `pipelines/report.py results/NAME` rebuilds them from the run
 folders' metrics.jsonl and summary.json alone (what --git-commit commits).
 A finished run (its summary.json exists) is not run again, so a stopped comparison resumes.

@@ -3,7 +3,8 @@
     python pipelines/report.py results/NAME [--baseline grpo_single]
 
 Reads results/NAME/runs/<preset>_s<seed>/{summary.json,metrics.jsonl} (the files a
-comparison commits) and writes runs.jsonl, table.md, paired.md and curves.png beside them.
+comparison commits) and writes runs.jsonl, table.md, runs.md (one row per run: its curve and
+step times), paired.md (paired by seed, at the end and along the way) and curves.png beside them.
 """
 from __future__ import annotations
 

@@ -27,14 +27,19 @@ def collect_run(out: Path, preset: str, seed: int) -> dict:
     for m in steps:
         if "eval" in m:
             curve.append({**m["eval"], "samples_seen": m["samples_seen"]})
-    if summary.get("after"):
-        curve.append({**summary["after"], "samples_seen": steps[-1]["samples_seen"] if steps else 0})
+    end = steps[-1]["samples_seen"] if steps else 0
+    # the last in-run evaluation and the final one are the same point when they fall on the
+    # last step: counted twice, it would shrink the curve's standard error
+    if summary.get("after") and not (curve and curve[-1]["samples_seen"] == end and len(curve) > 1):
+        curve.append({**summary["after"], "samples_seen": end})
     return {"preset": preset, "seed": seed, "output_dir": str(out), "steps": len(steps),
             "before": summary.get("before"), "after": summary.get("after"), "curve": curve,
             "samples_seen": steps[-1]["samples_seen"] if steps else 0,
             "generate_tokens": sum(m.get("generate_tokens", 0) for m in steps),
             "train_tokens": sum(m.get("rl_tokens_trained", 0) + m.get("sd_tokens_trained", 0) for m in steps),
             "seconds": sum(m.get("seconds_step", 0.0) for m in steps),
+            "step_seconds": {k: mean_se([m.get(f"seconds_{k}", 0.0) for m in steps])[0]
+                             for k in ("step", "rollout", "train", "sync")} if steps else {},
             "revision_gain": mean_se([m["revision_gain"] for m in steps if "revision_gain" in m])[0],
             "first_turn_accuracy_train": mean_se([m["first_turn_accuracy"] for m in steps])[0],
             "prompt_ids": [m.get("prompt_ids", []) for m in steps],
@@ -132,9 +137,67 @@ def write_paired(runs: list[dict], baseline: str, path: Path, shown: tuple[float
         se, t = ("-", "-") if math.isnan(r["se"]) else (f"{r['se']:.3f}", f"{r['t']:.2f}")
         lines.append(f"| {r['preset']} | {len(r['seeds'])} | {r['mean']:+.3f} | {se} | {t} | "
                      f"{per} | {'yes' if ok else 'no'} |")
+    curve = paired_curve(runs, baseline)
+    if curve:
+        lines += ["", f"Along the way (the held-out evaluations during training; not the test above): each "
+                  f"preset minus {baseline}, paired by seed, mean (SE) at each count of first-turn samples.", ""]
+        xs = sorted({c["samples_seen"] for c in curve})
+        lines += ["| preset | " + " | ".join(str(x) for x in xs) + " |", "|" + " --- |" * (len(xs) + 1)]
+        for preset in dict.fromkeys(c["preset"] for c in curve):
+            at = {c["samples_seen"]: c for c in curve if c["preset"] == preset}
+            lines.append(f"| {preset} | " + " | ".join(
+                "-" if x not in at else f"{at[x]['mean']:+.3f}" + (
+                    "" if math.isnan(at[x]["se"]) else f" ({at[x]['se']:.3f})") for x in xs) + " |")
     text = "\n".join(lines) + "\n"
     Path(path).write_text(text)
     return text
+
+
+def write_runs(runs: list[dict], path: Path) -> str:
+    """One row per run: its held-out greedy first try before training, at every evaluation
+    on the way and after (with the after-critique accuracy p1 where it was measured), its
+    wall time and where a step's time went."""
+    # the points between the before- and the after-evaluation, which have columns of their own
+    points = sorted({p["samples_seen"] for r in runs for p in r["curve"][1:-1]})
+    head = ["run", "before (p0 / p1)", *[f"{x} samples" for x in points], "after (p1)", "minutes in steps",
+            "s / step (rollout, learner, sync)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in runs:
+        at = {p["samples_seen"]: p["greedy_accuracy"] for p in r["curve"] if "greedy_accuracy" in p}
+        b, a, t = r["before"] or {}, r["after"] or {}, r.get("step_seconds") or {}
+
+        def acc(e):
+            p1 = e.get("feedback_accuracy_1")
+            return f"{e['greedy_accuracy']:.3f}" + (f" ({p1:.3f})" if p1 is not None else "") if e else "-"
+
+        cells = [f"{r['preset']} s{r['seed']}",
+                 f"{b['greedy_accuracy']:.3f} / {b['feedback_accuracy_1']:.3f}" if "feedback_accuracy_1" in b
+                 else acc(b), *[f"{at[x]:.3f}" if x in at else "-" for x in points], acc(a),
+                 f"{r['seconds'] / 60:.1f}",
+                 f"{t['step']:.1f} ({t['rollout']:.1f}, {t['train']:.1f}, {t['sync']:.1f})" if t else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    Path(path).write_text(text)
+    return text
+
+
+def paired_curve(runs: list[dict], baseline: str, key: str = "greedy_accuracy") -> list[dict]:
+    """The paired difference against `baseline` at every evaluation point both runs of a seed
+    share (first-turn samples seen): the curve's counterpart of `paired`."""
+    at = {(r["preset"], r["seed"]): {p["samples_seen"]: p[key] for p in r["curve"] if key in p} for r in runs}
+    out = []
+    for preset in dict.fromkeys(r["preset"] for r in runs):
+        if preset == baseline:
+            continue
+        seeds = sorted(s for (p, s) in at if p == preset and (baseline, s) in at)
+        for x in sorted({x for s in seeds for x in at[(preset, s)]}):
+            diffs = [at[(preset, s)][x] - at[(baseline, s)][x] for s in seeds
+                     if x in at[(preset, s)] and x in at[(baseline, s)]]
+            if diffs:
+                m, se = mean_se(diffs)
+                out.append({"preset": preset, "samples_seen": x, "seeds": len(diffs), "mean": m,
+                            "se": se if len(diffs) > 1 else math.nan})
+    return out
 
 
 def finished_runs(root: Path) -> list[dict]:
@@ -148,7 +211,7 @@ def finished_runs(root: Path) -> list[dict]:
 
 
 def write_report(root: Path, title: str = "", baseline: str | None = None) -> str:
-    """runs.jsonl, table.md, paired.md (against `baseline`) and curves.png, all from the run
+    """runs.jsonl, table.md, runs.md, paired.md (against `baseline`) and curves.png, all from the run
     folders' own metrics.jsonl and summary.json."""
     root = Path(root)
     runs = finished_runs(root)
@@ -158,6 +221,7 @@ def write_report(root: Path, title: str = "", baseline: str | None = None) -> st
     if not runs:
         return "no finished runs\n"
     text = write_table(runs, root / "table.md", title=title)
+    text += "\n" + write_runs(runs, root / "runs.md")
     if baseline and any(r["preset"] == baseline for r in runs):
         text += "\n" + write_paired(runs, baseline, root / "paired.md")
     write_curves(runs, root / "curves.png", title=title or root.name)

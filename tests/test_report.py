@@ -55,3 +55,33 @@ def test_the_critics_fix_rate_is_pooled_over_each_half_of_the_run(tmp_path):
     text = write_report(tmp_path, "t")
     assert "critic fix rate, 1st half | 2nd half | 2nd - 1st" in text
     assert "| 0.125 (1 seed) | 0.750 (1 seed) | 0.625 (1 seed) |" in text
+
+
+def test_runs_table_and_the_paired_curve_from_in_run_evaluations(tmp_path):
+    from rltf_ray.report import paired_curve
+
+    # (preset, seed): held-out greedy accuracy after step 1 and after step 2 (the last step)
+    evals = {("grpo_single", 0): (0.1, 0.5), ("grpo_single", 1): (0.2, 0.6),
+             ("rltf_sd", 0): (0.6, 0.75), ("rltf_sd", 1): (0.4, 0.6)}
+    for (p, s), (mid, end) in evals.items():
+        d = run_dir(tmp_path, p, s, 0.0, end)
+        (d / "summary.json").write_text(json.dumps({
+            "before": {"greedy_accuracy": 0.0, "feedback_accuracy_1": 0.5, "problems": 64},
+            "after": {"greedy_accuracy": end, "feedback_accuracy_1": 0.9, "problems": 64}}))
+        (d / "metrics.jsonl").write_text("".join(json.dumps(
+            {"step": k, "samples_seen": 32 * (k + 1), "first_turn_accuracy": 0.0, "seconds_step": 30.0 + 60 * k,
+             "seconds_rollout": 10.0, "seconds_train": 15.0 + 60 * k, "seconds_sync": 1.0,
+             "eval": {"greedy_accuracy": acc}}) + "\n" for k, acc in enumerate((mid, end))))
+    runs = finished_runs(tmp_path)
+    # before, step 1, step 2; the after-evaluation is the step-2 point, not a fourth one
+    assert [p["samples_seen"] for p in runs[0]["curve"]] == [0, 32, 64]
+    text = write_report(tmp_path, "t", "grpo_single")
+    assert "| run | before (p0 / p1) | 32 samples | after (p1) | minutes in steps |" in text
+    # 30 + 90 s of steps = 2.0 minutes; a step's mean: 60 s (10 rollout, 45 learner, 1 sync)
+    assert "| rltf_sd s0 | 0.000 / 0.500 | 0.600 | 0.750 (0.900) | 2.0 | 60.0 (10.0, 45.0, 1.0) |" in text
+    curve = {(c["preset"], c["samples_seen"]): c for c in paired_curve(runs, "grpo_single")}
+    # seed differences at 32 samples: +0.5 and +0.2 (mean 0.35, SE 0.15); at 64: +0.25 and 0.0
+    assert curve[("rltf_sd", 32)]["mean"] == pytest.approx(0.35)
+    assert curve[("rltf_sd", 32)]["se"] == pytest.approx(0.15)
+    assert curve[("rltf_sd", 64)]["mean"] == pytest.approx(0.125)
+    assert "| rltf_sd | +0.000 (0.000) | +0.350 (0.150) | +0.125 (0.125) |" in text
