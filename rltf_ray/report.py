@@ -43,7 +43,8 @@ def collect_run(out: Path, preset: str, seed: int) -> dict:
             "revision_gain": mean_se([m["revision_gain"] for m in steps if "revision_gain" in m])[0],
             "first_turn_accuracy_train": mean_se([m["first_turn_accuracy"] for m in steps])[0],
             "prompt_ids": [m.get("prompt_ids", []) for m in steps],
-            "critic_fix_rate_halves": fix_rate_halves(steps)}
+            "critic_fix_rate_halves": fix_rate_halves(steps),
+            "weights_sha256": summary.get("weights_sha256")}
 
 
 def fix_rate_halves(steps: list[dict]) -> list[float] | None:
@@ -160,7 +161,7 @@ def write_runs(runs: list[dict], path: Path) -> str:
     # the points between the before- and the after-evaluation, which have columns of their own
     points = sorted({p["samples_seen"] for r in runs for p in r["curve"][1:-1]})
     head = ["run", "before (p0 / p1)", *[f"{x} samples" for x in points], "after (p1)", "minutes in steps",
-            "s / step (rollout, learner, sync)"]
+            "s / step (rollout, learner, sync)", "weights (SHA-256)"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in runs:
         at = {p["samples_seen"]: p["greedy_accuracy"] for p in r["curve"] if "greedy_accuracy" in p}
@@ -174,11 +175,21 @@ def write_runs(runs: list[dict], path: Path) -> str:
                  f"{b['greedy_accuracy']:.3f} / {b['feedback_accuracy_1']:.3f}" if "feedback_accuracy_1" in b
                  else acc(b), *[f"{at[x]:.3f}" if x in at else "-" for x in points], acc(a),
                  f"{r['seconds'] / 60:.1f}",
-                 f"{t['step']:.1f} ({t['rollout']:.1f}, {t['train']:.1f}, {t['sync']:.1f})" if t else "-"]
+                 f"{t['step']:.1f} ({t['rollout']:.1f}, {t['train']:.1f}, {t['sync']:.1f})" if t else "-",
+                 weights_cell(r.get("weights_sha256"))]
         lines.append("| " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     Path(path).write_text(text)
     return text
+
+
+def weights_cell(weights: dict | None) -> str:
+    """The first 8 hex digits of each starting model's weights (actor, then critic), so that runs
+    of one comparison can be checked to start from the same ones."""
+    if not weights:
+        return "not recorded"
+    return " / ".join(f"{k} " + ",".join(h[:8] for h in (v or {}).values()) if v else f"{k} (not a local folder)"
+                      for k, v in weights.items())
 
 
 def paired_curve(runs: list[dict], baseline: str, key: str = "greedy_accuracy") -> list[dict]:

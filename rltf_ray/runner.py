@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from rltf_ray import metrics as M
 from rltf_ray.config import Config
 from rltf_ray.graph import node_params, validate
+from rltf_ray.models import weights_sha256
 from rltf_ray.services import STOP_WAIT_S, Services, log
 from rltf_ray.sources import PromptSource, load_eval_rows
 from rltf_ray.steps import STAGE_KINDS, StepRunner
@@ -160,6 +161,9 @@ class Pipeline(Services, StepRunner):
 
             summary["critic_app"] = serve.get_app_handle(self.critic_params.app_name).stats.remote().result()
         summary["node_memory_peak_gb"] = self.node_memory.peak  # every process on the driver's node
+        summary["weights_sha256"] = {"actor": weights_sha256(self.model_path)}
+        if self.critic_model:
+            summary["weights_sha256"]["critic"] = weights_sha256(self.critic_model)
         summary["output_dir"] = str(self.out)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary

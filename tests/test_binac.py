@@ -1,7 +1,9 @@
 """Bi-NAC: the learned critic's rewards and advantages by hand, its schedule, its learner with
 a real DeepSpeed engine pushing into a real critic vLLM engine, and a 2-step `binac` run."""
+import hashlib
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,6 +136,11 @@ def test_binac_runs_two_steps_with_the_bilevel_term_and_a_critic_of_another_voca
     assert [m["critic_version"] for m in lines] == [0, 1]  # the critic at step 1
     assert [m["actor_trained"] for m in lines] == [True, False] and "loss_critic" in lines[1]
     assert summary["critic_engine_versions"] == [1]
+    # the weights each model started from, told apart (the two models differ)
+    sha = {name: hashlib.sha256(Path(p, "model.safetensors").read_bytes()).hexdigest()
+           for name, p in (("actor", tiny_wide_path), ("critic", tiny_path))}
+    assert summary["weights_sha256"] == {k: {"model.safetensors": v} for k, v in sha.items()}
+    assert sha["actor"] != sha["critic"]
     import pyarrow.parquet as pq
 
     rows = pq.read_table(tmp_path / "rollouts" / "step_1.parquet").to_pylist()

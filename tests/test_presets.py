@@ -1,4 +1,5 @@
 """Every objective preset runs one RL step end to end on the tiny model (one Ray for all)."""
+import hashlib
 import json
 from pathlib import Path
 import math
@@ -36,7 +37,12 @@ def one_step(tmp_path, port, *overrides, preset=None):
 
 @pytest.mark.parametrize("preset", ONE_STEP)
 def test_preset_runs_one_step(preset, shared_ray, tmp_path, tiny_path):
-    check_step(*one_step(tmp_path, 8140, preset=preset))
+    cfg, summary, m = one_step(tmp_path, 8140, preset=preset)
+    check_step(cfg, summary, m)
+    # the run records the weights it started from (a warm start rebuilt elsewhere can differ)
+    tiny = {"model.safetensors": hashlib.sha256(Path(tiny_path, "model.safetensors").read_bytes()).hexdigest()}
+    assert summary["weights_sha256"] == ({"actor": tiny, "critic": tiny} if preset == "fixed_critic"
+                                         else {"actor": tiny})
 
 
 def check_step(cfg, summary, m):

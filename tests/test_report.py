@@ -67,7 +67,9 @@ def test_runs_table_and_the_paired_curve_from_in_run_evaluations(tmp_path):
         d = run_dir(tmp_path, p, s, 0.0, end)
         (d / "summary.json").write_text(json.dumps({
             "before": {"greedy_accuracy": 0.0, "feedback_accuracy_1": 0.5, "problems": 64},
-            "after": {"greedy_accuracy": end, "feedback_accuracy_1": 0.9, "problems": 64}}))
+            "after": {"greedy_accuracy": end, "feedback_accuracy_1": 0.9, "problems": 64},
+            **({"weights_sha256": {"actor": {"model.safetensors": "7c4144c2" + "0" * 56},
+                                   "critic": {"model.safetensors": "a0942659" + "1" * 56}}} if s == 1 else {})}))
         (d / "metrics.jsonl").write_text("".join(json.dumps(
             {"step": k, "samples_seen": 32 * (k + 1), "first_turn_accuracy": 0.0, "seconds_step": 30.0 + 60 * k,
              "seconds_rollout": 10.0, "seconds_train": 15.0 + 60 * k, "seconds_sync": 1.0,
@@ -78,7 +80,9 @@ def test_runs_table_and_the_paired_curve_from_in_run_evaluations(tmp_path):
     text = write_report(tmp_path, "t", "grpo_single")
     assert "| run | before (p0 / p1) | 32 samples | after (p1) | minutes in steps |" in text
     # 30 + 90 s of steps = 2.0 minutes; a step's mean: 60 s (10 rollout, 45 learner, 1 sync)
-    assert "| rltf_sd s0 | 0.000 / 0.500 | 0.600 | 0.750 (0.900) | 2.0 | 60.0 (10.0, 45.0, 1.0) |" in text
+    assert "| rltf_sd s0 | 0.000 / 0.500 | 0.600 | 0.750 (0.900) | 2.0 | 60.0 (10.0, 45.0, 1.0) | not recorded |" in text
+    # the weights each run started from, by their hashes' first 8 hex digits
+    assert "| 2.0 | 60.0 (10.0, 45.0, 1.0) | actor 7c4144c2 / critic a0942659 |" in text
     curve = {(c["preset"], c["samples_seen"]): c for c in paired_curve(runs, "grpo_single")}
     # seed differences at 32 samples: +0.5 and +0.2 (mean 0.35, SE 0.15); at 64: +0.25 and 0.0
     assert curve[("rltf_sd", 32)]["mean"] == pytest.approx(0.35)
