@@ -202,6 +202,10 @@ def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path):
 
     port = 8151
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="2")
+    os.environ["RLTF_TEST_JUDGE_KEY"] = "sk-local-test"  # planted: must never reach a log
+    # Ray first: its raylet must register within 30 s (fixed in Ray), which a vLLM server
+    # starting beside it on two slow cores can prevent
+    ray.init(num_cpus=8, include_dashboard=False)  # the local workers inherit the environment
     log = open(tmp_path / "vllm_server.log", "w")
     server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_path,
                                "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
@@ -218,8 +222,6 @@ def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path):
                 pass
             assert server.poll() is None, (tmp_path / "vllm_server.log").read_text()[-3000:]
             time.sleep(2)
-        os.environ["RLTF_TEST_JUDGE_KEY"] = "sk-local-test"  # planted: must never reach a log
-        ray.init(num_cpus=8, include_dashboard=False)  # the local workers inherit the environment
         p = CritiqueParams(critic="openai", base_url=f"http://127.0.0.1:{port}/v1", model="tiny-judge",
                            api_key_env="RLTF_TEST_JUDGE_KEY", judge_max_tokens=12, app_name="oai")
         serve.start(http_options={"host": "127.0.0.1", "port": 8152})
