@@ -188,8 +188,8 @@ def weights_cell(weights: dict | None) -> str:
     of one comparison can be checked to start from the same ones."""
     if not weights:
         return "not recorded"
-    return " / ".join(f"{k} " + ",".join(h[:8] for h in (v or {}).values()) if v else f"{k} (not a local folder)"
-                      for k, v in weights.items())
+    return " / ".join(f"{role} " + ",".join(h[:8] for h in files.values()) if files else f"{role} (not a local folder)"
+                      for role, files in weights.items())
 
 
 def paired_curve(runs: list[dict], baseline: str, key: str = "greedy_accuracy") -> list[dict]:
