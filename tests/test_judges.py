@@ -159,14 +159,29 @@ def test_the_judges_send_the_configured_templates(monkeypatch):
     assert res["critique"] == "no verdict\nYour previous attempt was incorrect." and res["format_ok"]
 
 
-@pytest.mark.integration
-def test_llm_judge_deployment_batches_and_serves_http(tiny_path):
+@pytest.fixture(scope="module")
+def judge_ray():
+    """One local Ray for this module, started before any vLLM server and never restarted in
+    the process: a second start beside a server's start-up, or just after the first one's
+    shutdown, can miss the raylet's fixed 30 s registration window on two slow cores. The
+    planted key is in the environment first, so that Ray's workers inherit it."""
     import ray
+    from ray import serve
+
+    os.environ["RLTF_TEST_JUDGE_KEY"] = "sk-local-test"  # planted: must never reach a log
+    ray.init(num_cpus=8, include_dashboard=False)
+    yield
+    serve.shutdown()
+    ray.shutdown()
+    os.environ.pop("RLTF_TEST_JUDGE_KEY")
+
+
+@pytest.mark.integration
+def test_llm_judge_deployment_batches_and_serves_http(tiny_path, judge_ray):
     from ray import serve
 
     from rltf_ray.stages.critique import build_critic_app, make_critique
 
-    ray.init(num_cpus=4, include_dashboard=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": 8132})
         p = CritiqueParams(critic="llm_judge", judge_model=tiny_path, judge_max_tokens=16,
@@ -188,13 +203,12 @@ def test_llm_judge_deployment_batches_and_serves_http(tiny_path):
         r = requests.post("http://127.0.0.1:8132/judge",
                           json={"prompt": "Q", "response": "A", "meta": {"answer": 1}}, timeout=60)
         assert r.status_code == 200 and set(r.json()) >= {"critique", "verdict", "reward"}
-        serve.shutdown()
     finally:
-        ray.shutdown()
+        serve.shutdown()
 
 
 @pytest.mark.integration
-def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path):
+def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path, judge_ray):
     import ray
     from ray import serve
 
@@ -202,10 +216,6 @@ def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path):
 
     port = 8151
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="2")
-    os.environ["RLTF_TEST_JUDGE_KEY"] = "sk-local-test"  # planted: must never reach a log
-    # Ray first: its raylet must register within 30 s (fixed in Ray), which a vLLM server
-    # starting beside it on two slow cores can prevent
-    ray.init(num_cpus=8, include_dashboard=False)  # the local workers inherit the environment
     log = open(tmp_path / "vllm_server.log", "w")
     server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", tiny_path,
                                "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
@@ -276,6 +286,5 @@ def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path):
         leaked = [f.name for f in files if b"sk-local-test" in f.read_bytes()]
         assert not leaked, f"the planted API key is in these Ray logs: {leaked}"
     finally:
-        ray.shutdown()
         server.terminate()
         server.wait(timeout=60)
