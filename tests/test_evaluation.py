@@ -56,8 +56,12 @@ def test_eval_cli_measures_everything_on_distinct_problems(tmp_path, tiny_path):
     assert rc == 0
     r = json.loads(out.read_text())
     assert r["problems"] == 6 and r["requested"] == 6 and r["version"] == 0
-    for k in ("greedy_accuracy", "pass@1", "pass@2", "feedback_accuracy_1", "self_feedback_accuracy_1"):
-        assert 0.0 <= r[k] <= 1.0 and r[f"{k}_se"] >= 0.0, k
+    # one 0/1 outcome per problem: a multiple of 1/6, with the SE of 6 Bernoulli values
+    for k in ("greedy_accuracy", "pass@2", "feedback_accuracy_1", "self_feedback_accuracy_1"):
+        p = r[k]
+        assert p * 6 == pytest.approx(round(p * 6)) and 0 <= p <= 1, k
+        assert r[f"{k}_se"] == pytest.approx(math.sqrt(p * (1 - p) / 5)), k
+    assert r["pass@1"] * 12 == pytest.approx(round(r["pass@1"] * 12))  # 0, 1/2 or 1 per problem
     assert r["pass@2"] >= r["pass@1"] and r["feedback_accuracy_1"] >= r["greedy_accuracy"]
     assert r["feedback_critique_failed"] == 0 and r["pass_samples"] == 2
 

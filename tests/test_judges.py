@@ -111,7 +111,7 @@ def test_bad_judge_prompts_are_config_errors(tmp_path):
         CritiqueParams(judge_prompts={"puzzle_system": "x"})
 
 
-def test_the_judges_send_the_configured_templates(monkeypatch):
+def test_the_judges_send_the_configured_templates(monkeypatch, tiny_path):
     """The OpenAI critic's request body, and the vLLM judge's follow-up turn, come from the
     node's judge_prompts; an endpoint error fails only its own item."""
     import asyncio
@@ -141,8 +141,19 @@ def test_the_judges_send_the_configured_templates(monkeypatch):
                       "reward": 1.0, "format_ok": True}
     assert isinstance(out[1], RuntimeError) and "HTTP 500: overloaded" in str(out[1])
 
-    llm = LLMJudgeCritic.__new__(LLMJudgeCritic)  # no engine: its generation is replaced below
-    llm.tokenizer, llm.prompts = None, judges.resolve_judge_prompts(prompts)
+    # the vLLM judge, built the way its Serve replica builds it (prepare -> from_params), with
+    # the engine class replaced: generation is stubbed below, the prompts must arrive for real
+    class NoEngine:
+        def __init__(self, **kwargs):
+            pass
+
+        def get_tokenizer(self):
+            return None
+
+    import vllm
+    monkeypatch.setattr(vllm, "LLM", NoEngine)
+    lp = CritiqueParams(critic="llm_judge", judge_model=tiny_path, judge_prompts=prompts)
+    llm = LLMJudgeCritic.from_params(None, lp, LLMJudgeCritic.prepare(lp, {}))
     calls = []
 
     def generate(convs, choices=None):

@@ -126,10 +126,13 @@ def test_answer_extraction_is_linear_and_takes_the_last_tag():
     assert last_tagged("<answer>a <answer>b</answer>") == "b" and last_tagged("<answer>open") is None
     assert last_tagged("</answer><answer>") is None
     t = task()
-    for hostile in ("<answer>" * 50_000, "</answer>" * 50_000, "<answer>1" * 30_000 + "</answer>"):
-        start = time.perf_counter()
-        t.score(hostile, {"answer": 1})
-        assert time.perf_counter() - start < 0.2  # 400 KB; the old regex took 1.6 s on 40 KB
+    hostile = ("<answer>" * 50_000, "</answer>" * 50_000, "<answer>1" * 30_000 + "</answer>")
+    start = time.perf_counter()
+    scores = [t.score(h, {"answer": 1}) for h in hostile]
+    assert [(s.format_ok, s.correct) for s in scores] == [(False, False), (False, False), (True, True)]
+    # a hang guard, not a timing: these take about 1 ms; a quadratic scan (an old regex took
+    # 1.6 s on 40 KB) would take minutes on these 400 KB
+    assert time.perf_counter() - start < 5.0
 
 
 def test_convention_task_holds_out_pairs_and_never_gives_the_answer():
