@@ -9,7 +9,7 @@
               .plugins("my_task.py"))
     with config.build() as algo:
         for _ in range(4):
-            print(algo.train()["reward_mean"])
+            print(algo.train()["reward_first_mean"])
         algo.evaluate()
         path = algo.save()
 
@@ -68,6 +68,10 @@ class RLTFConfig:
         return self._section("model", values)
 
     def task(self, name: str | None = None, **values) -> "RLTFConfig":
+        """Another task starts from its own params: the config's were its task's."""
+        current = self._data.get("task") or {}
+        if name and name != current.get("name") and "params" not in values:
+            values["params"] = {}
         return self._section("task", {**({"name": name} if name else {}), **values})
 
     def engine(self, **values) -> "RLTFConfig":

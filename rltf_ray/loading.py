@@ -120,8 +120,10 @@ def config_from_data(data: dict, overrides: typing.Sequence[str] = (), preset: s
         data = _merge(preset_data, data)
     else:
         node_defaults, locked = {}, {}
+    file_task = (data.get("task") or {}).get("name")
     for o in overrides:
         apply_override(data, o)
+    _task_params_follow_the_task(data, file_task, overrides)
     for key, want in locked.items():
         if _lookup(data, key) != want:
             raise ConfigError(f"preset '{preset}' fixes {key} = {want!r}; the config or an override "
@@ -132,6 +134,17 @@ def config_from_data(data: dict, overrides: typing.Sequence[str] = (), preset: s
             if isinstance(n, dict) and n.get("kind") in node_defaults:
                 n["params"] = {**node_defaults[n["kind"]], **(n.get("params") or {})}
     return build_config(data)
+
+
+def _task_params_follow_the_task(data: dict, file_task: str | None, overrides: typing.Sequence[str]) -> None:
+    """An override that changes task.name without giving task.params drops the file's params:
+    they were the file's task's (`demo.yaml`'s digits mean nothing to a task of your own)."""
+    task = data.get("task")
+    if not isinstance(task, dict) or task.get("name") == file_task or "params" not in task:
+        return
+    if not any(o.split("=", 1)[0].strip() in ("task", "task.params") or o.startswith("task.params.")
+               for o in overrides):
+        task["params"] = {}
 
 
 def _absolute_plugins(data: dict) -> None:

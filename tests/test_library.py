@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -311,6 +312,25 @@ def test_the_readme_plugin_example():
     task = get_task(cfg.task)
     meta = task.make_problem(3, "train")
     assert meta == {"total": 48, "count": 12, "answer": 4} and "12 pens cost 48 dollars" in task.prompt_text(meta)
+    assert task.make_problem(3, "test") == {"total": 28, "count": 7, "answer": 4}  # held out: other counts
+    assert get_task(replace(cfg.task, params={"max_price": 3})).make_problem(5, "train")["answer"] == 3
+    with pytest.raises(ConfigError, match="unknown key 'max_prize' for unit_price \\(known: max_price\\)"):
+        get_task(replace(cfg.task, params={"max_prize": 3}))
+    # the file's task.params were arithmetic's: another task.name starts from its own defaults
+    assert cfg.task.params == {} and task.params == {"max_price": 9}
+    kept = load_config(str(ROOT / "pipelines" / "configs" / "demo.yaml"),
+                       ["task.name=unit_price", "task.params={max_price: 3}"],
+                       plugins=[str(ROOT / "examples" / "my_plugin.py")])
+    assert kept.task.params == {"max_price": 3}
+    api = (rltf_ray.RLTFConfig.from_yaml(str(ROOT / "pipelines" / "configs" / "demo.yaml"))
+           .plugins(str(ROOT / "examples" / "my_plugin.py")).task(name="unit_price").resolve())
+    assert api.task.params == {}
+    plain = type("Plain", (rltf_ray.Task,), {"make_problem": None, "prompt_text": None, "check": None})
+    with pytest.raises(ConfigError, match="task.params: task takes no params \\(got max_price\\)"):
+        plain(replace(cfg.task, params={"max_price": 3}))  # given, and nothing would read them
+    # the README shows this file: the two stay the same
+    readme = (ROOT / "README.md").read_text().split("# examples/my_plugin.py\n", 1)[1].split("```", 1)[0]
+    assert readme.strip() in (ROOT / "examples" / "my_plugin.py").read_text()
     critic = get_critic("my_reviewer")(task, **cfg.node("critique").params["critic_params"])
     got = asyncio.run(critic.judge([{"prompt": "", "response": "It is 4", "meta": meta},
                                     {"prompt": "", "response": "It is 5", "meta": meta}]))

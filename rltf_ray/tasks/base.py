@@ -50,10 +50,24 @@ class Task(ABC):
     # (llm_judge or openai), in the critique stage (r0) and the reward stage (revisions).
     has_verifier = True
 
+    # The task.params a task takes, with their defaults; given values land in `self.params`.
+    # None: the subclass reads cfg.params itself (the built-in tasks) or takes none.
+    default_params: dict | None = None
+
     def __init__(self, cfg: "TaskConfig"):
         self.cfg = cfg
         if cfg.extraction not in ("tag", "last_number"):
             raise ConfigError(f"task.extraction: expected 'tag' or 'last_number', got {cfg.extraction!r}")
+        given = dict(cfg.params or {})
+        if self.default_params is not None:
+            unknown = sorted(set(given) - set(self.default_params))
+            if unknown:
+                raise ConfigError(f"task.params: unknown key '{unknown[0]}' for {self.name} "
+                                  f"(known: {', '.join(self.default_params) or 'none'})")
+            self.params = {**self.default_params, **given}
+        elif given and type(self).__init__ is Task.__init__:  # nothing would ever read them
+            raise ConfigError(f"task.params: {self.name} takes no params (got {', '.join(sorted(given))}); "
+                              "a task that takes some declares them in `default_params`")
 
     # -- generation -------------------------------------------------------------------
     @abstractmethod
