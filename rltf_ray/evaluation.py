@@ -60,7 +60,7 @@ def mean_se(values: list[float]) -> tuple[float, float]:
 class Evaluator:
     """Runs the measures against live engines. `score(rows, texts)` gives a Score per text
     (the verifier, or the critic for a task without one); `critique(rows, texts, which)`
-    gives {index: critique text or None} from the task's critic."""
+    gives {index: (critique text, or None where it failed, error)} from the task's critic."""
 
     engines: list
     model_path: str
@@ -71,6 +71,7 @@ class Evaluator:
     max_tokens: int
     revision_template: str
     critique_max_tokens: int = 128
+    max_failed_fraction: float = 0.2
 
     def _x0(self, rows: list[dict]) -> list[list[int]]:
         tok = load_tokenizer(self.model_path)
@@ -120,18 +121,30 @@ class Evaluator:
         return dict(zip(which, self._greedy(prompts))) if which else {}
 
     def _feedback(self, rows, first: list[str], rounds: int) -> dict:
-        """The critic in the loop; an answer that is right ends its episode."""
+        """The critic in the loop; an answer that is right ends its episode.
+
+        A problem whose critique failed (after the critic's retries) is no measurement of the
+        critic, so it leaves the feedback accuracy from that round on; the failures are counted,
+        with the first error. When more than `max_failed_fraction` of the requests failed, the
+        measure is not reported at all (the training loop stops a step at the same bound)."""
         latest, exchanges = list(first), [[] for _ in rows]
         correct = [c for _, c, _ in self.score(rows, latest)]
-        failed = 0
+        measured = [True] * len(rows)
+        asked = failed = 0
+        error = ""
         out: dict = {}
         for k in range(1, rounds + 1):
-            todo = [i for i, c in enumerate(correct) if not c]
+            todo = [i for i, c in enumerate(correct) if not c and measured[i]]
             crit = self.critique(rows, latest, todo)
-            failed += sum(crit.get(i) is None for i in todo)
-            live = [i for i in todo if crit.get(i) is not None]
+            live = [i for i in todo if crit[i][0] is not None]
+            asked += len(todo)
+            for i in todo:
+                if crit[i][0] is None:
+                    failed += 1
+                    measured[i] = False
+                    error = error or crit[i][1]
             for i in live:
-                exchanges[i].append((latest[i], crit[i]))
+                exchanges[i].append((latest[i], crit[i][0]))
             revised = self._revise(rows, exchanges, live)
             for i, text in revised.items():
                 latest[i] = text
@@ -139,8 +152,18 @@ class Evaluator:
                 got = self.score([rows[i] for i in live], [latest[i] for i in live])
                 for i, (_, c, _) in zip(live, got):
                     correct[i] = c
-            out[f"feedback_accuracy_{k}"], out[f"feedback_accuracy_{k}_se"] = mean_se([float(c) for c in correct])
+            kept = [float(c) for c, m in zip(correct, measured) if m]
+            out[f"feedback_accuracy_{k}"], out[f"feedback_accuracy_{k}_se"] = mean_se(kept)
+            out[f"feedback_problems_{k}"] = len(kept)
         out["feedback_critique_failed"] = failed
+        if failed:
+            out["feedback_critique_error"] = error
+        if asked and failed / asked > self.max_failed_fraction:
+            for k in range(1, rounds + 1):
+                del out[f"feedback_accuracy_{k}"], out[f"feedback_accuracy_{k}_se"]
+            out["feedback_unmeasured"] = (
+                f"{failed} of {asked} critique requests failed (more than max_failed_fraction="
+                f"{self.max_failed_fraction}); first error: {error}")
         return out
 
     def _self_feedback(self, rows, first: list[str], rounds: int) -> dict:

@@ -112,6 +112,11 @@ def eval_line(e: dict) -> str:
         parts.append(f"greedy first-turn accuracy {e['greedy_accuracy']:.3f} ± {e['greedy_accuracy_se']:.3f}")
     parts += [f"{k} {e[k]:.3f} ± {e[k + '_se']:.3f}" for k in e
               if (k.startswith("pass@") or "feedback_accuracy_" in k) and not k.endswith("_se")]
+    if e.get("feedback_unmeasured"):
+        parts.append(f"feedback accuracy NOT MEASURED: {e['feedback_unmeasured']}")
+    elif e.get("feedback_critique_failed"):
+        parts.append(f"feedback accuracy over {e['feedback_problems_1']} problems ({e['feedback_critique_failed']} "
+                     f"critique requests failed: {e['feedback_critique_error']})")
     short = e["problems"] < e.get("requested", e["problems"])
     return (", ".join(parts) + f" on {e['problems']} distinct held-out problems"
             + (f" (the test split has only {e['problems']} of the {e['requested']} asked for)" if short else ""))

@@ -122,13 +122,14 @@ class StepRunner:
             # only wrong answers are critiqued (the evaluator's oracle), as in training, where a
             # verdict-aware learned critic is told the verifier's verdict
             told = [{**r, "correct_first": False} for r in rows]
-            return {i: (res["critique"] if res else None)
-                    for i, (res, _) in ask_critic(critic, told, texts, which).items()}
+            return {i: (res["critique"] if res else None, err)
+                    for i, (res, err) in ask_critic(critic, told, texts, which).items()}
 
         E = self.cfg.eval
         return Evaluator(self.engines, self.model_path, self.task, score, critique,
                          gen.temperature if E.temperature is None else E.temperature, gen.max_tokens,
-                         node_params(self.cfg.node("revise")).template, E.critique_max_tokens)
+                         node_params(self.cfg.node("revise")).template, E.critique_max_tokens,
+                         critic.max_failed_fraction)
 
     def evaluate(self, full: bool = True) -> dict:
         """Held-out evaluation with every measure `eval` asks for (`full`), or only the

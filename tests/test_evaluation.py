@@ -45,6 +45,51 @@ def test_comparison_table_is_mean_and_standard_error_over_seeds(tmp_path):
     assert "16 distinct held-out problems" in text and (tmp_path / "t.md").read_text() == text
 
 
+def _feedback_evaluator(fail: set, max_failed_fraction: float):
+    """An Evaluator whose verifier, critic and reviser are plain functions: text "right" is
+    correct; the critic fails for the rows in `fail`; the k-th revision of a row is "right"
+    when k reaches the row's number of needed revisions (row index - 1)."""
+    from rltf_ray.evaluation import Evaluator
+
+    asked: list[list[int]] = []
+    ev = Evaluator(engines=[], model_path="", task=None,
+                   score=lambda rows, texts: [(float(t == "right"), t == "right", True) for t in texts],
+                   critique=lambda rows, texts, which: asked.append(list(which)) or {
+                       i: (None, "TimeoutError: 60 s") if i in fail else (f"hint {i}", "") for i in which},
+                   temperature=0.0, max_tokens=8, revision_template="{critique}",
+                   max_failed_fraction=max_failed_fraction)
+
+    def revise(rows, exchanges, which):
+        return {i: "right" if len(exchanges[i]) >= i - 1 else "wrong" for i in which}
+    ev._revise = revise
+    return ev, asked
+
+
+def test_feedback_accuracy_leaves_out_problems_whose_critique_failed():
+    # rows: 0 right at once; 1 and 2 fixed by one critique; 3 fixed by two; 4's critique fails
+    rows = [{"prompt": str(i), "meta": {}} for i in range(5)]
+    first = ["right", "wrong", "wrong", "wrong", "wrong"]
+    ev, asked = _feedback_evaluator({4}, 0.3)
+    out = ev._feedback(rows, first, 2)
+    assert asked == [[1, 2, 3, 4], [3]]  # a failed problem is not asked again
+    assert out["feedback_problems_1"] == out["feedback_problems_2"] == 4
+    assert out["feedback_accuracy_1"] == 0.75 and out["feedback_accuracy_2"] == 1.0  # of 0-3 only
+    assert out["feedback_critique_failed"] == 1 and out["feedback_critique_error"] == "TimeoutError: 60 s"
+    assert "feedback_unmeasured" not in out
+
+
+def test_feedback_accuracy_is_not_reported_when_too_many_critiques_failed():
+    rows = [{"prompt": str(i), "meta": {}} for i in range(5)]
+    ev, _ = _feedback_evaluator({3, 4}, 0.2)  # 2 of the 4 requests fail: 0.5 > 0.2
+    out = ev._feedback(rows, ["right"] + ["wrong"] * 4, 2)
+    assert not any(k.startswith("feedback_accuracy_") for k in out)
+    assert out["feedback_critique_failed"] == 2
+    assert out["feedback_unmeasured"] == ("2 of 4 critique requests failed (more than max_failed_fraction=0.2); "
+                                          "first error: TimeoutError: 60 s")
+    from rltf_ray.metrics import eval_line
+    assert "feedback accuracy NOT MEASURED: 2 of 4" in eval_line({"problems": 5, **out})
+
+
 @pytest.mark.integration
 def test_eval_cli_measures_everything_on_distinct_problems(tmp_path, tiny_path):
     from rltf_ray.cli import eval_main
