@@ -122,8 +122,14 @@ class StepRunner:
             # only wrong answers are critiqued (the evaluator's oracle), as in training, where a
             # verdict-aware learned critic is told the verifier's verdict
             told = [{**r, "correct_first": False} for r in rows]
-            return {i: (res["critique"] if res else None, err)
-                    for i, (res, err) in ask_critic(critic, told, texts, which).items()}
+            # in chunks of the critique stage's batch_size, as a training step sends them, so
+            # that `timeout_s` bounds the same amount of critic work in both: on a slow engine
+            # a whole held-out set in one request outlasts it, and every retry queues behind
+            # the abandoned work
+            got: dict = {}
+            for at in range(0, len(which), critic.batch_size):
+                got.update(ask_critic(critic, told, texts, which[at:at + critic.batch_size]))
+            return {i: (res["critique"] if res else None, err) for i, (res, err) in got.items()}
 
         E = self.cfg.eval
         return Evaluator(self.engines, self.model_path, self.task, score, critique,

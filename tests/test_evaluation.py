@@ -97,7 +97,8 @@ def test_eval_cli_measures_everything_on_distinct_problems(tmp_path, tiny_path):
     out = tmp_path / "eval.json"
     rc = eval_main(["--config", "pipelines/configs/tiny.yaml", "--prompts", "6", "--pass-k", "1,2",
                         "--samples", "2", "--feedback-rounds", "1", "--self-feedback-rounds", "1",
-                        "--output", str(out), "run.serve_http_port=8161"])
+                        "--output", str(out), "run.serve_http_port=8161",
+                        "pipeline.critic.batch_size=4"])  # the critiques go in chunks, as in training
     assert rc == 0
     r = json.loads(out.read_text())
     assert r["problems"] == 6 and r["requested"] == 6 and r["version"] == 0
@@ -108,7 +109,7 @@ def test_eval_cli_measures_everything_on_distinct_problems(tmp_path, tiny_path):
         assert r[f"{k}_se"] == pytest.approx(math.sqrt(p * (1 - p) / 5)), k
     assert r["pass@1"] * 12 == pytest.approx(round(r["pass@1"] * 12))  # 0, 1/2 or 1 per problem
     assert r["pass@2"] >= r["pass@1"] and r["feedback_accuracy_1"] >= r["greedy_accuracy"]
-    assert r["feedback_critique_failed"] == 0 and r["pass_samples"] == 2
+    assert r["feedback_critique_failed"] == 0 and r["feedback_problems_1"] == 6 and r["pass_samples"] == 2
 
 
 @pytest.mark.integration
