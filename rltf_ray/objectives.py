@@ -285,6 +285,30 @@ def collate(examples: list[Example], pad_id: int, device: torch.device | str = "
     return Batch(*(t.to(device) for t in vars(b).values()))
 
 
+def trained_logprobs(model, b: Batch, first: int, temperature: torch.Tensor | float) -> torch.Tensor:
+    """`losses.token_logprobs` of the batch, [B, T-1], with the vocabulary projection made only
+    from position `first - 1` on (`first`: the earliest trained token of any row), and zeros
+    before it, where every mask is 0. The prompt's logits are never used, and with a 49k
+    vocabulary they are most of a micro-batch's activation memory: a 250-token critic prompt
+    with a 96-token critique needs a quarter of them. A model whose forward takes no
+    `logits_to_keep` gets all positions, as before."""
+    t = b.ids.shape[1]
+    if first <= 1 or not _keeps_logits(model):
+        return losses.token_logprobs(model(input_ids=b.ids, attention_mask=b.attn).logits, b.ids, temperature)
+    logits = model(input_ids=b.ids, attention_mask=b.attn, logits_to_keep=t - first + 1).logits
+    return torch.nn.functional.pad(losses.token_logprobs(logits, b.ids[:, first - 1:], temperature),
+                                   (first - 1, 0))
+
+
+def _keeps_logits(model) -> bool:
+    """Whether the HF model under a DeepSpeed engine or a PEFT wrapper takes `logits_to_keep`."""
+    import inspect
+
+    m = getattr(model, "module", model)
+    m = m.get_base_model() if hasattr(m, "get_base_model") else m
+    return "logits_to_keep" in inspect.signature(m.forward).parameters
+
+
 def sequence_logprobs(model, seqs: list[tuple[list[int], int]], temperatures: list[float],
                       pad_id: int, micro_batch: int, n_batches: int | None = None) -> list[list[float]]:
     """No-grad log-probs of each sequence's tokens from `start` on, at its temperature (SD
@@ -296,9 +320,8 @@ def sequence_logprobs(model, seqs: list[tuple[list[int], int]], temperatures: li
         for k in todo:
             chunk = [Example(ids, start, "aux") for ids, start in seqs[k:k + micro_batch]]
             b = collate(chunk, pad_id, _device(model))
-            logits = model(input_ids=b.ids, attention_mask=b.attn).logits
             temps = torch.tensor(temperatures[k:k + micro_batch])
-            logp = losses.token_logprobs(logits, b.ids, temps).cpu()
+            logp = trained_logprobs(model, b, min(e.start for e in chunk), temps).cpu()
             for i, e in enumerate(chunk):
                 out.append(logp[i, e.start - 1:len(e.ids) - 1].tolist())
         for _ in range(len(todo), n_batches or 0):
@@ -372,5 +395,5 @@ def micro_loss(model, examples: list[Example], norms: dict[str, float], cfg: Con
     """Forward one micro-batch and return its share of the step loss and its metric sums."""
     lambda_sd = cfg.loss.lambda_sd if lambda_sd is None else lambda_sd
     b = collate(examples, pad_id, _device(model))
-    logits = model(input_ids=b.ids, attention_mask=b.attn).logits
-    return loss_terms(losses.token_logprobs(logits, b.ids, b.temperature), b, norms, cfg, lambda_sd)
+    logp = trained_logprobs(model, b, min(e.start for e in examples), b.temperature)
+    return loss_terms(logp, b, norms, cfg, lambda_sd)

@@ -77,6 +77,18 @@ def init_ray(cfg: Config) -> bool:
     return True
 
 
+def note_single_worker_zero(cfg: Config) -> None:
+    """ZeRO partitions over the training workers: with one, stages 1-2 save nothing and keep a
+    second fp32 copy of the weights and DeepSpeed's gradient buckets (1.4 GB less at stage 0
+    for a SmolLM2 actor and critic, docs/benchmarks.md). Said, not changed: stage 0 gives
+    the same updates up to float rounding, not bit for bit."""
+    t, critic = cfg.trainer, cfg.binac.zero_stage
+    stages = {t.zero_stage} | ({critic} if critic is not None else set())
+    if t.num_workers == 1 and stages & {1, 2}:
+        log(f"note: ZeRO stage {max(stages & {1, 2})} with one training worker partitions nothing and "
+            "keeps an extra fp32 copy of the weights; trainer.zero_stage=0 needs less memory")
+
+
 class Services:
     """Starts and stops a run's Ray resources; the driver's view of the learner."""
 
@@ -106,6 +118,7 @@ class Services:
                 log(f"skipped {len(self.source.bad_rows)} bad prompt row(s): {self.out / 'bad_rows.jsonl'}")
             (self.out / "checkpoints").mkdir(parents=True, exist_ok=True)
             (self.out / "config.yaml").write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+            note_single_worker_zero(self.cfg)
         self.node_memory = NodeMemory().start()
         self.started_ray = init_ray(self.cfg)
         # the plugins again for each stage, replica and training worker: a Ray joined as it

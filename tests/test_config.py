@@ -172,3 +172,17 @@ def test_top_p_below_one_is_refused_where_the_ratio_trains():
         load_config(base, ["pipeline.revision.top_p=0.9"])  # rltf_sd trains the revision turn (turn1_rl)
     # SD alone takes no ratio on the revision: a nucleus there is allowed
     assert load_config(base, ["pipeline.revision.top_p=0.9", "loss.turn1_rl=false"]).node("revise").params["top_p"] == 0.9
+
+
+@pytest.mark.parametrize("overrides, said", [
+    (["trainer.num_workers=1", "trainer.zero_stage=2"], True),
+    (["trainer.num_workers=1", "trainer.zero_stage=0", "binac.zero_stage=1"], True),
+    (["trainer.num_workers=1", "trainer.zero_stage=0"], False),
+    (["trainer.num_workers=2", "trainer.zero_stage=2"], False),
+])
+def test_a_single_worker_under_zero_partitioning_is_told_it_saves_nothing(overrides, said, capsys):
+    from rltf_ray.services import note_single_worker_zero
+
+    note_single_worker_zero(load_config("pipelines/configs/tiny.yaml", overrides))
+    out = capsys.readouterr().out
+    assert ("partitions nothing" in out and "trainer.zero_stage=0" in out) == said, out

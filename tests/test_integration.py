@@ -45,6 +45,12 @@ def gauge(text: str, name: str, run: str) -> float:
     raise AssertionError(f"{name} for run {run} not exported")
 
 
+def in_flight(text: str) -> list[float]:
+    """Every exported `ray_rltf_stage_rows_in_flight` value (one series per Ray Data worker)."""
+    return [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+            if ln.startswith("ray_rltf_stage_rows_in_flight{")]
+
+
 def series_sum(text: str, name: str, tag: str) -> float:
     """Sum of every exported series `name{...}` whose labels contain `tag` (one per worker or
     replica); fails when there is none."""
@@ -80,6 +86,15 @@ def run(tmp_path_factory, tiny_path):
                    for ln in scraped.splitlines()):
                 break
             time.sleep(2)
+        # A Ray Data worker that Ray stopped between exporting "16 rows in flight" and exporting
+        # 0 leaves that value in the agent until its gauge TTL (two report intervals) runs out;
+        # CI once scraped it. A live worker keeps re-exporting its current value, so a count
+        # that never returned to 0 would still show after this wait.
+        for _ in range(40):
+            if all(v == 0 for v in in_flight(scraped)):
+                break
+            time.sleep(2)
+            scraped = scrape_until(f"http://127.0.0.1:{METRICS}/metrics", needle, 30)
         dash = "http://" + ray._private.worker.get_dashboard_url()
         apps = requests.get(f"{dash}/api/serve/applications/", timeout=30).json()
         actors = requests.get(f"{dash}/api/v0/actors?limit=1000", timeout=30).json()
@@ -217,9 +232,7 @@ def test_dashboard_metrics_and_named_actors(run):
         assert series_sum(text, rows[0], f'stage="{stage}"') == 2 * per_step, stage
     # the Ray Data workers' live gauges: whichever worker still exports one has nothing in
     # flight (a worker Ray stopped takes its series with it, so none may be left)
-    in_flight = [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-                 if ln.startswith("ray_rltf_stage_rows_in_flight{")]
-    assert all(v == 0 for v in in_flight), in_flight
+    assert all(v == 0 for v in in_flight(text)), in_flight(text)
     apps = run["apps"]["applications"]
     assert apps["rltf_critic"]["status"] == "RUNNING"
     alive = [a for a in run["actors"]["data"]["result"]["result"] if a["state"] == "ALIVE"]

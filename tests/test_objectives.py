@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
+from rltf_ray import losses
 from rltf_ray.config import Config, ConfigError, LossConfig, RunConfig
 from rltf_ray.loading import load_config
 from rltf_ray.objectives import (Example, build_examples, collate, loss_terms, micro_loss,
-                                 sequence_logprobs, step_normalisers)
+                                 sequence_logprobs, step_normalisers, trained_logprobs)
 
 
 def cfg(turns: int = 2, **loss) -> Config:
@@ -155,6 +156,28 @@ def test_weighted_sd_on_the_real_model_scales_the_plain_gradient_by_the_weight(t
     w = sums["is"]["is_w_max"]
     assert abs(w - 1.0) > 1e-3  # a different context: the weight is not 1
     assert torch.allclose(grads["is"], w * grads["none"], rtol=1e-4, atol=1e-6)
+
+
+def test_the_vocabulary_projection_runs_only_from_the_first_trained_token(tiny_path):
+    """Rows trained from tokens 3 and 5 of 8: the LM head sees positions 2..7 only, and every
+    trained log-prob is the full forward's (the loss and its gradient do not change)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    ex = [Example([1, 7, 9, 10, 11, 12, 13, 14], 3, "rl0", 0.5), Example([1, 7, 30, 31, 32, 9, 10], 5, "rl0", 0.5)]
+    b = collate(ex, 0)
+    seen = []
+    hook = model.lm_head.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].shape[1]))
+    try:
+        part = trained_logprobs(model, b, 3, 0.7)
+    finally:
+        hook.remove()
+    full = losses.token_logprobs(
+        model(input_ids=b.ids, attention_mask=b.attn).logits, b.ids, 0.7)
+    assert seen == [8 - 3 + 1] and part.shape == full.shape == (2, 7)
+    assert (part[:, :2] == 0).all()
+    assert torch.allclose(part * b.mask, full * b.mask, atol=1e-5)
 
 
 # -- 9. baselines as in the reference ------------------------------------------------------

@@ -16,11 +16,11 @@ class StageError(RuntimeError):
 class _RowMetrics:
     """Rows in flight per stage, a Ray gauge (`ray_rltf_stage_rows_in_flight`) for watching a
     long step live. Each Ray Data worker process reports its own (Ray tags it with the
-    worker), so a dashboard sums over workers by `stage`. Its series lives only as long as the
-    worker: Ray stops idle workers, and one stopped before its next periodic export may never
-    export its last values (the likely cause of one failed scrape, not proven).
-    The rows each stage finished are therefore counted by the driver
-    (`ray_rltf_stage_rows`, rltf_ray.tracking)."""
+    worker), so a dashboard sums over workers by `stage`. Ray exports it periodically and keeps
+    a value for two report intervals: a worker that Ray stopped between exporting a batch's
+    rows and exporting their return leaves that count on view until it ages out. The rows each
+    stage finished are therefore counted by the driver (`ray_rltf_stage_rows`,
+    rltf_ray.tracking)."""
 
     def __init__(self):
         self.in_flight: dict[str, int] = {}
