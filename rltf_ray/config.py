@@ -40,7 +40,7 @@ class TaskConfig:
 class EngineConfig:
     num_engines: int = 1
     max_model_len: int = 1024
-    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE takes whole GiB
+    kv_cache_gib: float = 1.0  # a CPU engine's KV cache in GiB (0.5: half of one)
     enforce_eager: bool = True
     # CPU threads for each engine; vLLM binds them to cores ("0-1"). "auto" = all cores.
     cpu_threads_bind: str = "auto"
@@ -67,6 +67,8 @@ class EngineConfig:
     tensor_parallel_size: int = 1
 
     def __post_init__(self):
+        if not self.kv_cache_gib > 0:
+            raise ConfigError(f"engine.kv_cache_gib: must be > 0, got {self.kv_cache_gib}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError(f"engine.gpu_memory_utilization: expected a fraction in (0, 1], "
                               f"got {self.gpu_memory_utilization}")

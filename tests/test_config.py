@@ -38,6 +38,7 @@ def test_defaults_and_overrides():
     ("trainer", "expected key=value"),
     ("engine.block_size=24", r"engine.block_size: expected a multiple of 16"),
     ("engine.nice=-5", r"engine.nice: expected 0..19"),
+    ("engine.kv_cache_gib=0", r"engine.kv_cache_gib: must be > 0, got 0"),
 ])
 def test_bad_overrides_name_the_key(override, match):
     with pytest.raises(ConfigError, match=match):
@@ -186,3 +187,4 @@ def test_a_single_worker_under_zero_partitioning_is_told_it_saves_nothing(overri
     note_single_worker_zero(load_config("pipelines/configs/tiny.yaml", overrides))
     out = capsys.readouterr().out
     assert ("partitions nothing" in out and "trainer.zero_stage=0" in out) == said, out
+

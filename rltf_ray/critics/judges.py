@@ -86,11 +86,13 @@ class LLMJudgeCritic(Critic):
                  max_model_len: int = 2048, prompts: dict | None = None):
         from vllm import LLM
 
-        from rltf_ray.stages.engine import VLLMThread
+        from rltf_ray.config import EngineConfig
+        from rltf_ray.stages.engine import VLLMThread, cpu_kv_cache_bytes
 
         self.vllm = VLLMThread()
         self.llm = self.vllm.run(LLM, model=model_path, dtype=dtype, enforce_eager=True,
-                                 max_model_len=max_model_len, seed=0)
+                                 max_model_len=max_model_len, seed=0,
+                                 kv_cache_memory_bytes=cpu_kv_cache_bytes(EngineConfig().kv_cache_gib))
         self.tokenizer = self.llm.get_tokenizer()
         self.max_tokens = max_tokens
         self.prompts = resolve_judge_prompts(prompts)

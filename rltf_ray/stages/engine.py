@@ -34,9 +34,16 @@ def engine_env(cfg: EngineConfig, use_gpu: bool) -> dict[str, str]:
     if not use_gpu:
         n = os.cpu_count() or 1
         bind = f"0-{n - 1}" if cfg.cpu_threads_bind == "auto" else cfg.cpu_threads_bind
-        env.update({"VLLM_CPU_KVCACHE_SPACE": str(cfg.kv_cache_gib),
-                    "VLLM_CPU_OMP_THREADS_BIND": bind, "OMP_NUM_THREADS": str(n)})
+        env.update({"VLLM_CPU_OMP_THREADS_BIND": bind, "OMP_NUM_THREADS": str(n)})
     return env
+
+
+def cpu_kv_cache_bytes(gib: float) -> int:
+    """`LLM(kv_cache_memory_bytes=)` for a CPU engine of this process. vLLM's CPU platform
+    replaces it with VLLM_CPU_KVCACHE_SPACE (whole GiB only) whenever that is set, so this
+    process's copy is dropped: the configured size, fractions included, is the one used."""
+    os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    return int(gib * 2 ** 30)
 
 
 class VLLMThread:
@@ -99,6 +106,8 @@ class PolicyEngine:
                       logprobs_mode="processed_logprobs")
         if cfg.block_size:
             kwargs["block_size"] = cfg.block_size
+        if not use_gpu:
+            kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(cfg.kv_cache_gib)
         if use_gpu:
             kwargs["worker_extension_cls"] = "rltf_ray.weight_sync.nccl.EngineWorkerExtension"
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
