@@ -288,10 +288,10 @@ def collate(examples: list[Example], pad_id: int, device: torch.device | str = "
 def trained_logprobs(model, b: Batch, first: int, temperature: torch.Tensor | float) -> torch.Tensor:
     """`losses.token_logprobs` of the batch, [B, T-1], with the vocabulary projection made only
     from position `first - 1` on (`first`: the earliest trained token of any row), and zeros
-    before it, where every mask is 0. The prompt's logits are never used, and with a 49k
-    vocabulary they are most of a micro-batch's activation memory: a 250-token critic prompt
-    with a 96-token critique needs a quarter of them. A model whose forward takes no
-    `logits_to_keep` gets all positions, as before."""
+    before it, where every mask is 0. The prompt's logits were never used; projecting a
+    250-token critic prompt onto a 49k vocabulary cost time and activation memory (critic
+    steps trained 12-23% faster without it, docs/benchmarks.md). A model whose forward takes
+    no `logits_to_keep` gets all positions."""
     t = b.ids.shape[1]
     if first <= 1 or not _keeps_logits(model):
         return losses.token_logprobs(model(input_ids=b.ids, attention_mask=b.attn).logits, b.ids, temperature)

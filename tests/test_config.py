@@ -187,4 +187,3 @@ def test_a_single_worker_under_zero_partitioning_is_told_it_saves_nothing(overri
     note_single_worker_zero(load_config("pipelines/configs/tiny.yaml", overrides))
     out = capsys.readouterr().out
     assert ("partitions nothing" in out and "trainer.zero_stage=0" in out) == said, out
-

@@ -231,7 +231,7 @@ def test_dashboard_metrics_and_named_actors(run):
     for stage in ("first_turn", "critic", "revision", "score"):
         assert series_sum(text, rows[0], f'stage="{stage}"') == 2 * per_step, stage
     # the Ray Data workers' live gauges: whichever worker still exports one has nothing in
-    # flight (a worker Ray stopped takes its series with it, so none may be left)
+    # flight (the fixture waited out the stale value of a worker Ray had stopped)
     assert all(v == 0 for v in in_flight(text)), in_flight(text)
     apps = run["apps"]["applications"]
     assert apps["rltf_critic"]["status"] == "RUNNING"

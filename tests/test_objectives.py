@@ -163,7 +163,6 @@ def test_the_vocabulary_projection_runs_only_from_the_first_trained_token(tiny_p
     trained log-prob is the full forward's (the loss and its gradient do not change)."""
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
     ex = [Example([1, 7, 9, 10, 11, 12, 13, 14], 3, "rl0", 0.5), Example([1, 7, 30, 31, 32, 9, 10], 5, "rl0", 0.5)]
     b = collate(ex, 0)

@@ -108,7 +108,7 @@ class PolicyEngine:
             kwargs["block_size"] = cfg.block_size
         if not use_gpu:
             kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(cfg.kv_cache_gib)
-        if use_gpu:
+        else:
             kwargs["worker_extension_cls"] = "rltf_ray.weight_sync.nccl.EngineWorkerExtension"
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
             if cfg.tensor_parallel_size > 1:
