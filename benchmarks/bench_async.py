@@ -73,7 +73,7 @@ def main() -> int:
     runs = {}
     for k in (0, 1):
         with pinned_cluster() if a.cluster else nullcontext() as address:
-            runs[k] = run_pipeline(a.config, [f"run.steps={a.steps}", f"run.max_staleness={k}", "loss.tis_cap=2.0",
+            runs[k] = run_pipeline(a.config, [f"run.steps={a.steps}", f"run.max_staleness={k}", "loss.rollout_cap=2.0",
                                               *extra, *a.overrides], prefix=f"rltf_bench_async_k{k}_",
                                    env={"RAY_ADDRESS": address} if address else None)
     sync = runs[0][1:]

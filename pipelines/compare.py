@@ -91,6 +91,10 @@ def main(argv=None) -> int:
     ap.add_argument("--first-seed", type=int, default=0,
                     help="seeds run from here (to add seeds whose earlier runs live elsewhere)")
     ap.add_argument("--name", required=True, help="results/NAME/")
+    ap.add_argument("--variant", default="",
+                    help="an arm of one comparison run under other overrides: its runs go to "
+                         "runs/<preset>.<variant>_s<seed>/ and are paired with the baseline's runs of the "
+                         "same variant (records carry `variant`)")
     ap.add_argument("--results", default=str(ROOT / "results"))
     ap.add_argument("--cluster", help="Ray address to submit the runs to as jobs (else RAY_ADDRESS)")
     ap.add_argument("--keep-resume-state", action="store_true",
@@ -116,7 +120,11 @@ def main(argv=None) -> int:
     root = Path(args.results) / args.name
     (root / "runs").mkdir(parents=True, exist_ok=True)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    plan = [(p, s, root / "runs" / f"{p}_s{s}") for s in seeds for p in presets]
+    if args.variant and not args.variant.replace("-", "").isalnum():
+        print(f"--variant: letters, digits and '-' only, got {args.variant!r}", file=sys.stderr)
+        return 2
+    arm = f".{args.variant}" if args.variant else ""
+    plan = [(p, s, root / "runs" / f"{p}{arm}_s{s}") for s in seeds for p in presets]
     todo = [(p, s, out) for p, s, out in plan if not (out / "summary.json").is_file()]
     print(f"[compare] {len(plan)} runs, {len(plan) - len(todo)} already finished", flush=True)
     import os
@@ -130,7 +138,7 @@ def main(argv=None) -> int:
         run_local(args, p, s, out)
         write_report(root, title, baseline)  # after every run: runs.jsonl holds what has finished
         if args.git_commit:
-            commit_run(root, out, f"results/{args.name}: {p} seed {s} finished")
+            commit_run(root, out, f"results/{args.name}: {p}{arm} seed {s} finished")
     print(write_report(root, title, baseline))
     print(f"[compare] results in {root}")
     return 0

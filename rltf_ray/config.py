@@ -97,8 +97,19 @@ class LossConfig:
     # importance_sampling (-rho*A, the reference) | ppo_clip (-min(rho*A, clip(rho)*A)).
     policy_loss: str = "importance_sampling"
     clip_eps: float = 0.2
-    # Truncated importance sampling: weight min(pi_theta/pi_sampler, tis_cap); None = off.
-    tis_cap: float | None = None
+    # Rollout correction for the sampler-trainer mismatch (docs/objectives.md): w = pi_trainer /
+    # pi_sampler per sampled token (*_token) or per sequence (*_sequence).
+    # tis_*: truncated IS, weight min(w, rollout_cap) (verl, SkyRL: C = 2);
+    # mis_*: masked IS, tokens or sequences whose w leaves [rollout_mask_low, rollout_mask_high]
+    # are dropped; none: the bare ratio, unbounded (the reference recipe, which samples and
+    # trains at one precision).
+    rollout_correction: str = "tis_token"
+    rollout_cap: float = 2.0
+    rollout_mask_low: float = 0.5
+    rollout_mask_high: float = 2.0
+    # A warning names the cause when a step's sampler_kl_k3 (mean k3 KL between the sampler's
+    # and the trainer's token distributions) exceeds this.
+    sampler_kl_warn: float = 1e-3
     adv_norm: str = "none"  # none | group | batch
     # shared_token_mean: every term summed over the step and divided by ONE count (the RL
     # tokens), so lambda_sd = 0.1 means an SD token weighs 0.1 of an RL token (the reference).
@@ -121,6 +132,7 @@ class LossConfig:
     def __post_init__(self):
         choices = {"adv_norm": ("none", "group", "batch"),
                    "policy_loss": ("importance_sampling", "ppo_clip"),
+                   "rollout_correction": ("none", "tis_token", "tis_sequence", "mis_token", "mis_sequence"),
                    "aggregation": ("shared_token_mean", "token_mean", "seq_mean_token_sum", "constant"),
                    "sd_baseline": ("first", "second"),
                    "first_turn_return": ("discounted", "final"),
@@ -133,8 +145,17 @@ class LossConfig:
         for key in ("lambda_sd", "lambda_fm", "lambda_sft", "kl_coef", "gamma", "clip_eps"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"loss.{key}: must be >= 0")
-        if self.tis_cap is not None and self.tis_cap <= 0:
-            raise ConfigError(f"loss.tis_cap: must be > 0 (or null for off), got {self.tis_cap}")
+        if not self.rollout_cap > 1.0:
+            raise ConfigError(f"loss.rollout_cap: must be > 1 (a cap at or below 1 scales every "
+                              f"on-policy token down), got {self.rollout_cap}")
+        if not 0.0 <= self.rollout_mask_low < self.rollout_mask_high:
+            raise ConfigError(f"loss.rollout_mask_low/rollout_mask_high: need 0 <= low < high, got "
+                              f"[{self.rollout_mask_low}, {self.rollout_mask_high}]")
+        if not 1.0 <= self.rollout_mask_high or self.rollout_mask_low > 1.0:
+            raise ConfigError(f"loss.rollout_mask_low/rollout_mask_high: the band must contain 1 (an "
+                              f"on-policy token's weight), got [{self.rollout_mask_low}, {self.rollout_mask_high}]")
+        if not self.sampler_kl_warn > 0:
+            raise ConfigError(f"loss.sampler_kl_warn: must be > 0, got {self.sampler_kl_warn}")
 
     def lambda_sd_at(self, step: int) -> float:
         if self.sd_warmup_steps <= 0:
@@ -221,8 +242,18 @@ class BinacConfig:
     critic_steps: int = 1
     lr: float = 1e-5
     zero_stage: int | None = None  # None: the trainer's
+    # A critic update whose advantages are all zero trains on nothing; after this many in a
+    # row the run stops with the cause (identical critiques, a saturated reward).
+    max_dead_updates: int = 3
 
     def __post_init__(self):
+        if self.max_dead_updates < 1:
+            raise ConfigError(f"binac.max_dead_updates: must be >= 1, got {self.max_dead_updates}")
+        if self.critiques_per_attempt < 2 and self.critic_steps > 0:
+            raise ConfigError(f"binac.critiques_per_attempt={self.critiques_per_attempt} with binac.critic_steps="
+                              f"{self.critic_steps}: the learned critic's GRPO group is the K critiques of one "
+                              "attempt, so with K < 2 every advantage is 0 and the critic never learns. Set "
+                              "critiques_per_attempt >= 2, or critic_steps=0 for a frozen critic")
         if self.critic_reward not in ("improvement", "outcome"):
             raise ConfigError(f"binac.critic_reward: expected improvement or outcome, got {self.critic_reward!r}")
         if self.critiques_per_attempt < 1 or self.revisions_per_critique < 1 or self.num_engines < 1:
@@ -423,12 +454,21 @@ def _check_type(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+# Keys that were replaced, and what to write instead.
+RENAMED = {"loss.tis_cap": "replaced by loss.rollout_correction (tis_token, tis_sequence, mis_token, "
+                           "mis_sequence or none) with loss.rollout_cap; `loss.tis_cap=C` is now "
+                           "`loss.rollout_correction=tis_token loss.rollout_cap=C`"}
+
+
 def _build(cls: type, data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
+    for key in unknown:
+        if f"{where}.{key}" in RENAMED:
+            raise ConfigError(f"{where}.{key}: {RENAMED[f'{where}.{key}']}")
     if unknown:
         raise ConfigError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(names))})")
     kwargs = {}

@@ -123,10 +123,12 @@ class Evaluator:
     def _feedback(self, rows, first: list[str], rounds: int) -> dict:
         """The critic in the loop; an answer that is right ends its episode.
 
-        A problem whose critique failed (after the critic's retries) is no measurement of the
-        critic, so it leaves the feedback accuracy from that round on; the failures are counted,
-        with the first error. When more than `max_failed_fraction` of the requests failed, the
-        measure is not reported at all (the training loop stops a step at the same bound)."""
+        The accuracy is over the same problems as the first try's. A problem whose critique
+        failed (after the critic's retries) counts as not fixed and is not critiqued again:
+        leaving it out would drop a wrong answer from the denominator (only wrong answers are
+        critiqued) and lift the accuracy. The failures are counted beside it, with the first
+        error. When more than `max_failed_fraction` of the requests failed, the measure is not
+        reported at all (the training loop stops a step at the same bound)."""
         latest, exchanges = list(first), [[] for _ in rows]
         correct = [c for _, c, _ in self.score(rows, latest)]
         measured = [True] * len(rows)
@@ -152,9 +154,8 @@ class Evaluator:
                 got = self.score([rows[i] for i in live], [latest[i] for i in live])
                 for i, (_, c, _) in zip(live, got):
                     correct[i] = c
-            kept = [float(c) for c, m in zip(correct, measured) if m]
-            out[f"feedback_accuracy_{k}"], out[f"feedback_accuracy_{k}_se"] = mean_se(kept)
-            out[f"feedback_problems_{k}"] = len(kept)
+            out[f"feedback_accuracy_{k}"], out[f"feedback_accuracy_{k}_se"] = mean_se([float(c) for c in correct])
+            out[f"feedback_problems_{k}"] = len(correct)
         out["feedback_critique_failed"] = failed
         if failed:
             out["feedback_critique_error"] = error

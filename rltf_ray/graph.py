@@ -158,7 +158,7 @@ KINDS: dict[str, NodeKind] = {
                          "first turn: N vLLM samples per prompt"),
     "critique": NodeKind(("prompt", "response", "meta"),
                          ("reward_first", "correct_first", "format_first", "critique",
-                          "critique_failed", "critique_error", "critic_disagrees", "revised",
+                          "critique_asked", "critique_failed", "critique_error", "critic_disagrees", "revised",
                           *CRITIC_CRITIQUE), CritiqueParams,
                          "reward r0 and critique c0 from the Serve critic"),
     "revise": NodeKind(("prompt", "response", "critique", "revised"),
@@ -166,7 +166,7 @@ KINDS: dict[str, NodeKind] = {
                         "revision_cached_tokens", "revised", "context_overflow", *CRITIC_REVISE),
                        ReviseParams, "second turn: one revision y1 from x1=[x0,y0,c0]"),
     "reward": NodeKind(("revision", "revised", "meta", "reward_first"),
-                       ("reward_second", "correct_second", "format_second", "reward_failed",
+                       ("reward_second", "correct_second", "format_second", "reward_asked", "reward_failed",
                         *CRITIC_REWARD),
                        RewardParams, "score the revision (task verifier, or the critic's verdict)"),
     "train": NodeKind(("prompt_id", "prompt", "prompt_ids", "response", "response_ids",
@@ -302,10 +302,10 @@ def validate(cfg: Config) -> list[NodeSpec]:
         raise ConfigError(f"task '{cfg.task.name}' has no verifier: its rewards come from the "
                           f"critic's score, so use critic llm_judge or openai (got '{critic}')")
     if cfg.run.max_staleness > 0:
-        if cfg.loss.tis_cap is None:
+        if cfg.loss.rollout_correction == "none":
             raise ConfigError(f"run.max_staleness={cfg.run.max_staleness} trains on rollouts from older "
-                              "policies: set loss.tis_cap (2.0, as in verl and SkyRL) for the truncated "
-                              "importance-sampling correction")
+                              "policies: set loss.rollout_correction (tis_token, the default, as in verl "
+                              "and SkyRL) for the importance-sampling correction")
         if critic == "learned":
             raise ConfigError("run.max_staleness > 0 is not supported with critic 'learned' (Bi-NAC's "
                               "critic trains on-policy on the critiques of the same step)")

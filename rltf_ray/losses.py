@@ -93,23 +93,56 @@ def normalize_advantages(adv: torch.Tensor, group_ids: torch.Tensor, mode: str,
 
 # -- per-token losses ---------------------------------------------------------------------
 
+ROLLOUT_CORRECTIONS = ("none", "tis_token", "tis_sequence", "mis_token", "mis_sequence")
+
+
+def rollout_weights(logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, mode: str,
+                    cap: float = 2.0, band: tuple[float, float] = (0.5, 2.0)
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Detached rollout-correction weights for the sampler–trainer mismatch, and a 0/1 tensor
+    marking the tokens (in `mask`) whose weight was truncated or masked.
+
+    w = pi_trainer / pi_sampler of each sampled token ('*_token'), or the product over the
+    sequence's tokens in `mask` ('*_sequence', broadcast to its tokens).
+    tis_*: truncated IS, min(w, cap).
+    mis_*: masked IS, w where band[0] <= w <= band[1], else 0 (the token or sequence is dropped).
+    The log-ratio is clamped to +-60 before exp so that an extreme mismatch compares as a huge
+    weight instead of overflowing to inf (inf * 0 would turn a masked token into NaN)."""
+    d = (logp.detach() - behav_logp.detach()) * mask
+    if mode.endswith("_sequence"):
+        d = d.sum(-1, keepdim=True).expand_as(d)
+    elif not mode.endswith("_token"):
+        raise ValueError(f"rollout correction must be one of {', '.join(ROLLOUT_CORRECTIONS[1:])}, got {mode!r}")
+    w = torch.exp(d.clamp(-60.0, 60.0))
+    if mode.startswith("tis_"):
+        hit = w > cap
+        w = torch.clamp(w, max=cap)
+    elif mode.startswith("mis_"):
+        hit = (w < band[0]) | (w > band[1])
+        w = torch.where(hit, torch.zeros_like(w), w)
+    else:
+        raise ValueError(f"rollout correction must be one of {', '.join(ROLLOUT_CORRECTIONS[1:])}, got {mode!r}")
+    return w * mask, hit.to(mask.dtype) * mask
+
+
 def policy_token_loss(logp: torch.Tensor, behav_logp: torch.Tensor, adv: torch.Tensor,
                       kind: str = "importance_sampling", clip_eps: float = 0.2,
-                      tis_cap: float | None = None) -> torch.Tensor:
-    """The RL surrogate per token, with rho = pi_theta / pi_behav against the sampler's
-    log-probs `behav_logp`.
+                      weight: torch.Tensor | None = None) -> torch.Tensor:
+    """The RL surrogate per token.
 
-    'importance_sampling': -rho * A (the reference recipe's loss; gradient -rho A dlog pi).
-    'ppo_clip':            -min(rho * A, clip(rho, 1 - eps, 1 + eps) * A).
-    With `tis_cap = C` the behaviour correction is a detached, truncated weight
-    min(pi_theta / pi_behav, C) and rho is taken against the trainer's own detached
-    log-prob (value 1, gradient dlog pi): truncated importance sampling as in verl/SkyRL."""
+    Without `weight` (rollout correction 'none'), rho = pi_theta / pi_behav against the
+    sampler's log-probs `behav_logp`, unbounded.
+    With a detached rollout-correction `weight` (`rollout_weights`), rho is taken against the
+    trainer's own detached log-prob (value 1, gradient dlog pi) and the sampler mismatch
+    enters only through the bounded weight: the decoupled form of verl and SkyRL.
+
+    'importance_sampling': -w * rho * A (the reference recipe's loss).
+    'ppo_clip':            -w * min(rho * A, clip(rho, 1 - eps, 1 + eps) * A)."""
     a = adv.detach().unsqueeze(-1)
-    if tis_cap is None:
+    if weight is None:
         ratio, weight = torch.exp(logp - behav_logp.detach()), 1.0
     else:
-        ratio = torch.exp(logp - logp.detach())
-        weight = torch.clamp(torch.exp(logp.detach() - behav_logp.detach()), max=tis_cap)
+        ratio, weight = torch.exp(logp - logp.detach()), weight.detach()
     if kind == "importance_sampling":
         return -weight * ratio * a
     if kind == "ppo_clip":

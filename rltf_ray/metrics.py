@@ -38,8 +38,40 @@ def critic_metrics(rows: list[dict], b) -> dict:
             "critic_revisions_overflowed": sum(t is None for r in rows for t in r.get("critic_revisions") or []),
             "critic_verdict_agreement": _mean(agree) if agree else None,
             "critique_tokens_mean": _mean(len(ids) for r in rows for ids in r["critic_critique_ids"]),
+            "critic_identical_pair_fraction": identical_pair_fraction([r["critic_critique_ids"] for r in rows]),
             "critiques": len(fmt),
             "critic_version_rollout": min((r["critic_version"] for r in rows), default=-1)}
+
+
+def identical_pair_fraction(groups: list[list]) -> float | None:
+    """The share of pairs of critiques of one attempt that are token for token the same: a
+    critic whose K samples agree gives GRPO nothing to compare (None: no group has two)."""
+    pairs = same = 0
+    for g in groups:
+        for i in range(len(g)):
+            for j in range(i + 1, len(g)):
+                pairs, same = pairs + 1, same + (list(g[i]) == list(g[j]))
+    return same / pairs if pairs else None
+
+
+def dead_critic_update(m: dict) -> str | None:
+    """Why a step's critic update trained on nothing (every advantage 0), or None when it
+    trained on something or no critic update ran."""
+    if not m.get("critic_trained"):
+        return None
+    zero = m.get("critic_zero_advantage_fraction")
+    if zero is not None and zero < 1.0:
+        return None
+    same = m.get("critic_identical_pair_fraction")
+    if zero is None:
+        return ("no attempt was critiqued with finite rewards (every first answer correct, or every "
+                "critique failed): the critic has no group to learn from")
+    if same is not None and same >= 0.5:
+        return (f"the K critiques of an attempt were identical ({same:.0%} of pairs): raise "
+                "binac.temperature, or check that the critic samples (top_p, a greedy critic)")
+    return (f"the critiques differ ({same or 0:.0%} of pairs identical) but their rewards do not: the "
+            "critic's reward is saturated (every revision scores the same whatever the feedback); use a "
+            "task the actor cannot already fix, binac.revisions_per_critique > 1, or binac.verdict_bonus")
 
 
 def rollout_metrics(table: pa.Table, run: RunConfig = RunConfig(), binac=None) -> dict:
@@ -87,6 +119,24 @@ def rollout_metrics(table: pa.Table, run: RunConfig = RunConfig(), binac=None) -
     if binac is not None:
         out.update(critic_metrics(table.to_pylist(), binac))
     return out
+
+
+def mismatch_warning(m: dict, threshold: float, engine_dtype: str, learner_dtype: str) -> str | None:
+    """The warning for a step whose sampler_kl_k3 exceeds `threshold`, naming the likely cause
+    and the settings that fix it (None when it does not)."""
+    kl = m.get("sampler_kl_k3")
+    if kl is None or kl <= threshold:
+        return None
+    cause = (f"the engine samples in {engine_dtype} while the learner computes in {learner_dtype}: "
+             "set model.dtype to the learner's precision"
+             + (" (model.dtype=float32; trainer.bf16=false)" if learner_dtype == "float32" else "")
+             if engine_dtype != learner_dtype else
+             "engine and learner run at one precision, so look for different kernels, a weight sync "
+             "that did not reach the engines, or asynchronous rollouts (run.max_staleness)")
+    return (f"WARNING step {m['step'] + 1}: the sampler and the trainer disagree: sampler_kl_k3 {kl:.2e} "
+            f"> loss.sampler_kl_warn {threshold:g} (mean |log-prob diff| {m.get('logprob_abs_diff_mean') or 0:.3f}, "
+            f"max {m.get('logprob_abs_diff_max') or 0:.2f} nats). Likely cause: {cause}. "
+            f"loss.rollout_correction bounds the weights meanwhile ('{m.get('rollout_correction')}' now).")
 
 
 def step_line(m: dict, total: int) -> str:

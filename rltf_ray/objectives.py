@@ -194,6 +194,7 @@ def build_critic_examples(rows: list[dict], cfg: Config) -> tuple[list[Example],
     at the critic's sampling temperature and against its sampler's log-probs."""
     b = cfg.binac
     out: list[Example] = []
+    groups = dead = 0
     for r in rows:
         rewards = critic_row_rewards(r, b)
         if not rewards or not all(math.isfinite(x) for x in rewards):
@@ -201,11 +202,14 @@ def build_critic_examples(rows: list[dict], cfg: Config) -> tuple[list[Example],
         rw = torch.tensor(rewards)
         adv = losses.normalize_advantages(rw - rw.mean(), torch.zeros(len(rw), dtype=torch.long),
                                           cfg.loss.adv_norm)
+        groups, dead = groups + 1, dead + bool((adv == 0).all())
         x = list(r["critic_prompt_ids"])
         for a, ids, lps in zip(adv.tolist(), r["critic_critique_ids"], r["critic_critique_logprobs"]):
             out.append(Example(x + list(ids), len(x), "rl0", a, b.temperature,
                                [float(v) for v in lps]))
-    return out, {"examples_critic": len(out)}
+    # the share of attempts whose K critiques all got the same reward: they train on nothing
+    return out, {"examples_critic": len(out), "critic_groups": groups,
+                 "critic_zero_advantage_fraction": dead / groups if groups else None}
 
 
 def _abs_mean(xs: list[torch.Tensor]) -> float:
@@ -218,6 +222,14 @@ def _zero_adv_fraction(adv: torch.Tensor, gid: torch.Tensor) -> float:
         return 0.0
     nonzero = torch.zeros(n).index_add_(0, gid, (adv != 0).float())
     return float((nonzero == 0).float().mean())
+
+
+def trained_examples(examples: list[Example], cfg: Config) -> list[Example]:
+    """The examples a step forwards. A zero-advantage sequence adds nothing to the policy and
+    SD terms (it still counts in their normalisers) and is skipped, except an RL one under a
+    KL penalty, which covers every RL token."""
+    kl = cfg.loss.kl_coef > 0
+    return [e for e in examples if e.term in ("fm", "sft") or e.adv != 0.0 or (kl and e.term in RL_TERMS)]
 
 
 def step_normalisers(examples: list[Example], cfg: Config) -> dict[str, float]:
@@ -332,7 +344,7 @@ def sequence_logprobs(model, seqs: list[tuple[list[int], int]], temperatures: li
 # The per-micro-batch sums that make up a step's metrics (summed over ranks).
 SUM_KEYS = tuple(f"loss_{t}" for t in TERMS) + (
     "kl_sum", "rl_tokens", "mismatch_tokens", "logprob_abs_diff_sum", "mismatch_kl_sum",
-    "clipped_tokens", "tis_truncated_tokens", "sd_tokens", "sd_tokens_masked", "is_w_sum",
+    "clipped_tokens", "corrected_tokens", "sd_tokens", "sd_tokens_masked", "is_w_sum",
     "is_w_sq_sum", "train_tokens")
 MAX_KEYS = ("logprob_abs_diff_max", "is_w_max")
 
@@ -344,7 +356,11 @@ def loss_terms(logp: torch.Tensor, b: Batch, norms: dict[str, float], cfg: Confi
     L = cfg.loss
     m = {t: (b.term == k).float() * b.mask for k, t in enumerate(TERMS)}
     m_rl = m["rl0"] + m["rl1"]
-    rl_tok = losses.policy_token_loss(logp, b.behav_logp, b.adv, L.policy_loss, L.clip_eps, L.tis_cap)
+    weight, corrected = None, torch.zeros_like(m_rl)
+    if L.rollout_correction != "none":
+        weight, corrected = losses.rollout_weights(logp, b.behav_logp, m_rl, L.rollout_correction,
+                                                   L.rollout_cap, (L.rollout_mask_low, L.rollout_mask_high))
+    rl_tok = losses.policy_token_loss(logp, b.behav_logp, b.adv, L.policy_loss, L.clip_eps, weight)
     kl_tok = losses.kl_k3(logp, b.ref_logp, m_rl) if L.kl_coef > 0 else torch.zeros_like(logp)
     rl_tok = rl_tok + L.kl_coef * kl_tok
     keep = losses.sd_keep_mask(logp, L.sd_mask_tau)
@@ -369,7 +385,7 @@ def loss_terms(logp: torch.Tensor, b: Batch, norms: dict[str, float], cfg: Confi
                             (kl_tok * m_rl).sum(), m_rl.sum(), m_rl.sum(),
                             (diff.abs() * m_rl).sum(), ((ratio - 1 - diff) * m_rl).sum(),
                             (((ratio - 1).abs() > L.clip_eps).float() * m_rl).sum(),
-                            ((ratio > (L.tis_cap or math.inf)).float() * m_rl).sum(),
+                            corrected.sum(),
                             m_sd.sum(), (m["sd"] * (1 - keep)).sum(),
                             (w * m_sd).sum(), (w ** 2 * m_sd).sum(),
                             m_rl.sum() + m_sd.sum() + m["fm"].sum() + m["sft"].sum()])

@@ -20,6 +20,7 @@ def collect_run(out: Path, preset: str, seed: int) -> dict:
     """One run's numbers: held-out evaluations before, during and after, and its costs."""
     out = Path(out)
     summary = json.loads((out / "summary.json").read_text())
+    prov = summary.get("provenance") or {}
     steps = read_metrics(out)
     curve = []
     if summary.get("before"):
@@ -44,7 +45,10 @@ def collect_run(out: Path, preset: str, seed: int) -> dict:
             "first_turn_accuracy_train": mean_se([m["first_turn_accuracy"] for m in steps])[0],
             "prompt_ids": [m.get("prompt_ids", []) for m in steps],
             "critic_fix_rate_halves": fix_rate_halves(steps),
-            "weights_sha256": summary.get("weights_sha256")}
+            "weights_sha256": summary.get("weights_sha256"),
+            # the arm: a comparison's --variant suffix of the preset (`rltf_sd.fp32`), else "default"
+            "variant": preset.partition(".")[2] or "default",
+            **{k: prov.get(k) for k in ("commit", "engine_dtype", "learner_dtype", "lr", "loss")}}
 
 
 def fix_rate_halves(steps: list[dict]) -> list[float] | None:
@@ -105,15 +109,24 @@ def write_table(runs: list[dict], path: Path, title: str = "") -> str:
     return text
 
 
+def arm_baseline(preset: str, baseline: str, runs: list[dict]) -> str:
+    """The baseline an arm is paired with: the baseline of its own variant (`rltf_sd.fp32`
+    against `grpo_single.fp32`) where that variant has baseline runs, else `baseline`."""
+    variant = preset.partition(".")[2]
+    own = f"{baseline}.{variant}"
+    return own if variant and any(r["preset"] == own for r in runs) else baseline
+
+
 def paired(runs: list[dict], baseline: str, key: str = "greedy_accuracy") -> list[dict]:
     """Each preset against `baseline`, paired by seed (same prompts, same held-out problems):
     the per-seed differences of the final held-out `key`, their mean, SE and t = mean / SE."""
     final = {(r["preset"], r["seed"]): r["after"][key] for r in runs if r.get("after") and key in r["after"]}
-    base = {s: v for (p, s), v in final.items() if p == baseline}
     out = []
     for preset in dict.fromkeys(r["preset"] for r in runs):
-        if preset == baseline:
+        against = arm_baseline(preset, baseline, runs)
+        if preset == against:
             continue
+        base = {s: v for (p, s), v in final.items() if p == against}
         seeds = sorted(s for (p, s) in final if p == preset and s in base)
         diffs = [final[(preset, s)] - base[s] for s in seeds]
         m, se = mean_se(diffs)
@@ -121,7 +134,7 @@ def paired(runs: list[dict], baseline: str, key: str = "greedy_accuracy") -> lis
             se = t = math.nan
         else:
             t = m / se if se > 0 else (math.inf if m > 0 else -math.inf if m < 0 else 0.0)
-        out.append({"preset": preset, "baseline": baseline, "seeds": seeds, "diffs": diffs, "mean": m,
+        out.append({"preset": preset, "baseline": against, "seeds": seeds, "diffs": diffs, "mean": m,
                     "se": se, "t": t})
     return out
 
@@ -129,14 +142,15 @@ def paired(runs: list[dict], baseline: str, key: str = "greedy_accuracy") -> lis
 def write_paired(runs: list[dict], baseline: str, path: Path, shown: tuple[float, float] = (0.10, 3.0)) -> str:
     """The paired comparison as a table; `shown` = (effect, t) a difference must reach."""
     rows = paired(runs, baseline)
-    lines = [f"Held-out greedy first-try accuracy after training, each preset minus {baseline}, paired by "
-             f"seed. Shown: mean >= +{shown[0]:.2f} at t >= {shown[1]:.0f}.", "",
-             "| preset | seeds | mean difference | SE | t | per seed | shown |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [f"Held-out greedy first-try accuracy after training, each preset minus {baseline} (of its own "
+             f"variant where one ran), paired by seed. Shown: mean >= +{shown[0]:.2f} at t >= {shown[1]:.0f}.", "",
+             "| preset | against | seeds | mean difference | SE | t | per seed | shown |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         per = ", ".join(f"s{s}: {d:+.3f}" for s, d in zip(r["seeds"], r["diffs"]))
         ok = len(r["seeds"]) > 1 and r["mean"] >= shown[0] and r["t"] >= shown[1]
         se, t = ("-", "-") if math.isnan(r["se"]) else (f"{r['se']:.3f}", f"{r['t']:.2f}")
-        lines.append(f"| {r['preset']} | {len(r['seeds'])} | {r['mean']:+.3f} | {se} | {t} | "
+        lines.append(f"| {r['preset']} | {r['baseline']} | {len(r['seeds'])} | {r['mean']:+.3f} | {se} | {t} | "
                      f"{per} | {'yes' if ok else 'no'} |")
     curve = paired_curve(runs, baseline)
     if curve:
@@ -198,12 +212,13 @@ def paired_curve(runs: list[dict], baseline: str, key: str = "greedy_accuracy") 
     at = {(r["preset"], r["seed"]): {p["samples_seen"]: p[key] for p in r["curve"] if key in p} for r in runs}
     out = []
     for preset in dict.fromkeys(r["preset"] for r in runs):
-        if preset == baseline:
+        against = arm_baseline(preset, baseline, runs)
+        if preset == against:
             continue
-        seeds = sorted(s for (p, s) in at if p == preset and (baseline, s) in at)
+        seeds = sorted(s for (p, s) in at if p == preset and (against, s) in at)
         for x in sorted({x for s in seeds for x in at[(preset, s)]}):
-            diffs = [at[(preset, s)][x] - at[(baseline, s)][x] for s in seeds
-                     if x in at[(preset, s)] and x in at[(baseline, s)]]
+            diffs = [at[(preset, s)][x] - at[(against, s)][x] for s in seeds
+                     if x in at[(preset, s)] and x in at[(against, s)]]
             if diffs:
                 m, se = mean_se(diffs)
                 out.append({"preset": preset, "samples_seen": x, "seeds": len(diffs), "mean": m,
@@ -233,7 +248,7 @@ def write_report(root: Path, title: str = "", baseline: str | None = None) -> st
         return "no finished runs\n"
     text = write_table(runs, root / "table.md", title=title)
     text += "\n" + write_runs(runs, root / "runs.md")
-    if baseline and any(r["preset"] == baseline for r in runs):
+    if baseline and any(r["preset"].partition(".")[0] == baseline for r in runs):
         text += "\n" + write_paired(runs, baseline, root / "paired.md")
     write_curves(runs, root / "curves.png", title=title or root.name)
     return text

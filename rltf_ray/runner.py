@@ -11,6 +11,7 @@ import time
 import pyarrow.parquet as pq
 
 from rltf_ray import metrics as M
+from rltf_ray.provenance import provenance
 from rltf_ray.config import Config
 from rltf_ray.graph import node_params, validate
 from rltf_ray.models import weights_sha256
@@ -97,6 +98,8 @@ class Pipeline(Services, StepRunner):
         checkpoint) and evaluate before training."""
         from rltf_ray.tracking import Tracker
 
+        # the code that runs is the code imported at start-up, whatever the checkout holds later
+        self.provenance = provenance(self.cfg, self.dtype)
         self.next_step = self.first_step = self.wait_start()
         self.summary = self._summary_so_far(self.next_step)
         stages = tuple(n.name for n in self.order if n.kind in STAGE_KINDS)
@@ -165,6 +168,7 @@ class Pipeline(Services, StepRunner):
         if self.critic_model:
             summary["weights_sha256"]["critic"] = weights_sha256(self.critic_model)
         summary["output_dir"] = str(self.out)
+        summary["provenance"] = self.provenance
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 

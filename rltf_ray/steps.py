@@ -14,6 +14,10 @@ from rltf_ray.services import log
 STAGE_KINDS = ("generate", "critique", "revise", "reward")  # the nodes `rollout` runs as Ray Data stages
 
 
+class DeadCriticError(RuntimeError):
+    """The learned critic trained on nothing for binac.max_dead_updates updates in a row."""
+
+
 class StepRunner:
     """Mixed into the Pipeline with Services: uses its engines, broker and critic app."""
 
@@ -60,8 +64,7 @@ class StepRunner:
         table = self.rollout(step)
         t_roll = time.perf_counter() - t0
         pq.write_table(table, self.out / "rollouts" / f"step_{step}.parquet")
-        if run.turns > 1:
-            check_critique_failures(table.to_pylist(), self.critic_params, run.rounds, step)
+        check_critique_failures(table.to_pylist(), self.critic_params, run.rounds, step)
         ray.get(self.broker.put_step.remote(step, [ray.put(table.to_pylist())]))
         return {"step": step, "table": table, "t0": t0, "seconds_rollout": t_roll}
 
@@ -77,6 +80,12 @@ class StepRunner:
                "prompt_ids": list(dict.fromkeys(table.column("prompt_id").to_pylist()))}
         row["engine_version_lag"] = (row["policy_version"] - int(row.get("actor_trained", True))
                                      - row["policy_version_rollout"])  # 0: strictly on-policy
+        warn = M.mismatch_warning({**row, "rollout_correction": self.cfg.loss.rollout_correction},
+                                  self.cfg.loss.sampler_kl_warn, self.dtype,
+                                  "bfloat16" if self.cfg.trainer.bf16 else "float32")
+        if warn and row["step"] >= getattr(self, "mismatch_warned_at", -1) * 2 + 1:
+            self.mismatch_warned_at = row["step"]  # steps 1, 3, 7, 15, ...: visible, not a flood
+            log(warn)
         if row.get("critic_format_waived_groups") and not getattr(self, "warned_format", False):
             self.warned_format = True  # once a run; the metric counts every step's
             log(f"WARNING step {row['step'] + 1}: in {row['critic_format_waived_groups']} group(s) no critique "
@@ -95,6 +104,7 @@ class StepRunner:
                "seconds_step": time.perf_counter() - launched["t0"], "finished_at": time.time(),
                "engine_peak_rss_gb": max(ray.get([e.peak_rss_gb.remote() for e in self.engines])),
                "node_memory_peak_gb": self.node_memory.take()}  # since the last step's row
+        self.check_critic_update(row)
         if self.evaluates_at(step):
             # the engines already hold the step's weights; at the last step this evaluation
             # is the "after" one, so it runs every measure and is not repeated
@@ -105,6 +115,22 @@ class StepRunner:
             self.final_eval = row["eval"] if final else None
             log(f"eval after step {step + 1}: " + M.eval_line(row["eval"]))
         return row
+
+    def check_critic_update(self, row: dict) -> None:
+        """A learned critic's update with every advantage 0 gets a warning; `binac.max_dead_updates`
+        of them in a row stop the run with the cause."""
+        why = M.dead_critic_update(row)
+        if not row.get("critic_trained"):
+            return
+        self.dead_updates = getattr(self, "dead_updates", 0) + 1 if why else 0
+        if not why:
+            return
+        limit = self.cfg.binac.max_dead_updates
+        log(f"WARNING step {row['step'] + 1}: the critic's update trained on nothing "
+            f"({self.dead_updates} of binac.max_dead_updates={limit} in a row): {why}")
+        if self.dead_updates >= limit:
+            raise DeadCriticError(f"step {row['step'] + 1}: {self.dead_updates} critic updates in a row had every "
+                                  f"advantage 0, so the learned critic is not training. Cause: {why}")
 
     # -- held-out evaluation -------------------------------------------------------------
     def evaluator(self):

@@ -22,7 +22,7 @@ from rltf_ray.config import Config
 from rltf_ray.loading import config_from_dict
 from rltf_ray.objectives import (MAX_KEYS, RL_TERMS, SUM_KEYS, TERMS, Example, build_critic_examples,
                                  build_examples, micro_loss, mismatch_sums, sequence_logprobs,
-                                 step_normalisers)
+                                 step_normalisers, trained_examples)
 from rltf_ray.learner import Learner, full_state_dict, load_train_state, save_train_state
 from rltf_ray.memory import peak_rss_gb
 from rltf_ray.realtime import make_realtime
@@ -108,8 +108,14 @@ def reduce_metrics(sums: dict[str, float], cfg: Config, lambda_sd: float) -> dic
               "logprob_abs_diff_mean": per_mm(v["logprob_abs_diff_sum"]),
               "logprob_abs_diff_max": v["logprob_abs_diff_max"] if n_mm else None,
               "sampler_trainer_kl": per_mm(v["mismatch_kl_sum"]), "mismatch_tokens": n_mm,
+              # the k3 estimate of KL(sampler || trainer) per sampled token; its warning: runner.py
+              "sampler_kl_k3": per_mm(v["mismatch_kl_sum"]),
               "ratio_outside_clip_fraction": per_rl(v["clipped_tokens"]),
-              "tis_truncated_fraction": per_rl(v["tis_truncated_tokens"]),
+              # RL tokens whose correction weight was truncated (tis_*) or dropped (mis_*)
+              "correction_truncated_fraction": per_rl(v["corrected_tokens"])
+              if L.rollout_correction.startswith("tis_") else None,
+              "correction_masked_fraction": per_rl(v["corrected_tokens"])
+              if L.rollout_correction.startswith("mis_") else None,
               "sd_tokens_trained": n_sd, "train_tokens": v["train_tokens"],
               "sd_masked_fraction": v["sd_tokens_masked"] / (n_sd + v["sd_tokens_masked"])
               if n_sd + v["sd_tokens_masked"] else 0.0})
@@ -127,9 +133,7 @@ def optimize(engine, ref_model, examples: list[Example], cfg: Config, pad_id: in
     A non-finite loss raises NonFiniteLoss on every rank before the optimizer step, so the
     weights and the version never advance on a broken step."""
     norms = step_normalisers(examples, cfg)
-    # zero-advantage RL/SD sequences add nothing but still count in the normalisers
-    trained = [e for e in examples if e.term in ("fm", "sft") or e.adv != 0.0]
-    mine = shard_examples(trained, rank, world)
+    mine = shard_examples(trained_examples(examples, cfg), rank, world)
     # gloo (CPU) and NCCL (GPU) both reduce tensors on the worker's own device
     dev = next(engine.module.parameters()).device
     t0 = time.perf_counter()

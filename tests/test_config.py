@@ -57,11 +57,11 @@ def test_a_preset_refuses_an_override_that_would_make_it_another_method():
 def test_asynchronous_overlap_needs_its_correction_and_an_actor_only_run():
     with pytest.raises(ConfigError, match=r"run.max_staleness: must be >= 0"):
         load_config(TINY, ["run.max_staleness=-1"])
-    with pytest.raises(ConfigError, match=r"set loss.tis_cap \(2.0"):
-        load_config(TINY, ["run.max_staleness=1"])
+    with pytest.raises(ConfigError, match=r"set loss.rollout_correction \(tis_token"):
+        load_config(TINY, ["run.max_staleness=1", "loss.rollout_correction=none"])
     with pytest.raises(ConfigError, match=r"not supported with critic 'learned'"):
-        load_config(TINY, ["run.max_staleness=1", "loss.tis_cap=2.0"], preset="binac")
-    cfg = load_config(TINY, ["run.max_staleness=2", "loss.tis_cap=2.0"])
+        load_config(TINY, ["run.max_staleness=1"], preset="binac")
+    cfg = load_config(TINY, ["run.max_staleness=2"])
     assert cfg.run.max_staleness == 2 and load_config(TINY).run.max_staleness == 0
 
 

@@ -65,17 +65,29 @@ def _feedback_evaluator(fail: set, max_failed_fraction: float):
     return ev, asked
 
 
-def test_feedback_accuracy_leaves_out_problems_whose_critique_failed():
+def test_a_failed_critique_counts_as_not_fixed_over_the_same_problems_as_the_first_try():
     # rows: 0 right at once; 1 and 2 fixed by one critique; 3 fixed by two; 4's critique fails
     rows = [{"prompt": str(i), "meta": {}} for i in range(5)]
     first = ["right", "wrong", "wrong", "wrong", "wrong"]
     ev, asked = _feedback_evaluator({4}, 0.3)
     out = ev._feedback(rows, first, 2)
     assert asked == [[1, 2, 3, 4], [3]]  # a failed problem is not asked again
-    assert out["feedback_problems_1"] == out["feedback_problems_2"] == 4
-    assert out["feedback_accuracy_1"] == 0.75 and out["feedback_accuracy_2"] == 1.0  # of 0-3 only
+    assert out["feedback_problems_1"] == out["feedback_problems_2"] == 5
+    assert out["feedback_accuracy_1"] == 0.6 and out["feedback_accuracy_2"] == 0.8  # row 4 stays wrong
     assert out["feedback_critique_failed"] == 1 and out["feedback_critique_error"] == "TimeoutError: 60 s"
     assert "feedback_unmeasured" not in out
+
+
+def test_a_critic_that_fixes_nothing_with_one_failure_scores_the_first_try():
+    """5 of 10 right, a critic that fixes nothing, 1 failed request: 0.5 (leaving the failed
+    problem out would give 5/9 = 0.556)."""
+    rows = [{"prompt": str(i), "meta": {}} for i in range(10)]
+    ev, asked = _feedback_evaluator({9}, 0.3)
+    ev._revise = lambda rows, exchanges, which: {i: "wrong" for i in which}
+    out = ev._feedback(rows, ["right"] * 5 + ["wrong"] * 5, 1)
+    assert asked == [[5, 6, 7, 8, 9]]
+    assert out["feedback_accuracy_1"] == 0.5 and out["feedback_problems_1"] == 10
+    assert out["feedback_critique_failed"] == 1
 
 
 def test_feedback_accuracy_is_not_reported_when_too_many_critiques_failed():

@@ -47,13 +47,48 @@ def test_ppo_clip_acts_on_a_perturbed_sampler_logprob(log_rho, adv, value, grad)
     assert logp.grad.item() == pytest.approx(grad, abs=1e-6)
 
 
-def test_truncated_importance_sampling_caps_the_weight():
+# Two rows: log-ratios trainer - sampler d = [2.0, 0.2, -0.5] (w = e^2, e^0.2, e^-0.5; sequence
+# sum 1.7), and [0.1, -0.1] with a padded third token (sequence sum 0, w = 1).
+RW_LOGP = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]])
+RW_BEHAV = torch.tensor([[-3.0, -1.2, -0.5], [-1.1, -0.9, -9.0]])
+RW_MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+E2, E02, EM05 = math.exp(2.0), math.exp(0.2), math.exp(-0.5)
+
+
+@pytest.mark.parametrize("mode,band,weights,hit", [
+    ("tis_token", (0.5, 2.0), [[2.0, E02, EM05], [math.exp(0.1), math.exp(-0.1), 0.0]],
+     [[1, 0, 0], [0, 0, 0]]),
+    ("tis_sequence", (0.5, 2.0), [[2.0, 2.0, 2.0], [1.0, 1.0, 0.0]], [[1, 1, 1], [0, 0, 0]]),
+    ("mis_token", (0.5, 2.0), [[0.0, E02, EM05], [math.exp(0.1), math.exp(-0.1), 0.0]],
+     [[1, 0, 0], [0, 0, 0]]),
+    ("mis_token", (0.7, 2.0), [[0.0, E02, 0.0], [math.exp(0.1), math.exp(-0.1), 0.0]],
+     [[1, 0, 1], [0, 0, 0]]),
+    ("mis_sequence", (0.5, 2.0), [[0.0, 0.0, 0.0], [1.0, 1.0, 0.0]], [[1, 1, 1], [0, 0, 0]]),
+])
+def test_rollout_weights_by_hand(mode, band, weights, hit):
+    w, h = L.rollout_weights(RW_LOGP, RW_BEHAV, RW_MASK, mode, cap=2.0, band=band)
+    assert torch.allclose(w, torch.tensor(weights), atol=1e-6)
+    assert h.tolist() == hit
+
+
+def test_rollout_weights_survive_an_extreme_mismatch_and_refuse_an_unknown_mode():
+    logp, behav, mask = torch.tensor([[0.0, -1.0]]), torch.tensor([[-100.0, -1.0]]), torch.ones(1, 2)
+    w, h = L.rollout_weights(logp, behav, mask, "mis_token")
+    assert w.tolist() == [[0.0, 1.0]] and h.tolist() == [[1.0, 0.0]]  # dropped, not NaN (inf * 0)
+    w, _ = L.rollout_weights(logp, behav, mask, "tis_sequence", cap=2.0)
+    assert w.tolist() == [[2.0, 2.0]]
+    with pytest.raises(ValueError, match="rollout correction"):
+        L.rollout_weights(logp, behav, mask, "tis_word")
+
+
+def test_a_correction_weight_scales_the_gradient_with_the_ratio_against_the_trainer():
     logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
-    behav = torch.tensor([[-3.0, -1.2]])  # rho = e^2 = 7.39 (truncated to 2) and e^0.2
-    tok = L.policy_token_loss(logp, behav, torch.tensor([1.0]), "importance_sampling", tis_cap=2.0)
-    assert torch.allclose(tok, torch.tensor([[-2.0, -math.exp(0.2)]]))
+    behav = torch.tensor([[-3.0, -1.2]])  # rho against the sampler would be e^2 and e^0.2
+    w, _ = L.rollout_weights(logp, behav, torch.ones(1, 2), "tis_token", cap=2.0)
+    tok = L.policy_token_loss(logp, behav, torch.tensor([1.5]), "importance_sampling", weight=w)
+    assert torch.allclose(tok, torch.tensor([[-3.0, -1.5 * E02]]))  # -w * 1 * A
     tok.sum().backward()
-    assert torch.allclose(logp.grad, torch.tensor([[-2.0, -math.exp(0.2)]]))
+    assert torch.allclose(logp.grad, torch.tensor([[-3.0, -1.5 * E02]]))  # -w A dlog pi
     with pytest.raises(ValueError, match="policy loss"):
         L.policy_token_loss(logp, behav, torch.tensor([1.0]), "reinforce")
 

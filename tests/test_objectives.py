@@ -9,7 +9,8 @@ from rltf_ray import losses
 from rltf_ray.config import Config, ConfigError, LossConfig, RunConfig
 from rltf_ray.loading import load_config
 from rltf_ray.objectives import (Example, build_examples, collate, loss_terms, micro_loss,
-                                 sequence_logprobs, step_normalisers, trained_logprobs)
+                                 sequence_logprobs, step_normalisers, trained_examples,
+                                 trained_logprobs)
 
 
 def cfg(turns: int = 2, **loss) -> Config:
@@ -62,17 +63,29 @@ def test_the_presets_use_the_shared_normaliser():
 def test_rl_ratio_is_against_the_sampler_and_the_clip_acts():
     ex = [Example([1, 2, 7, 8], 2, "rl0", 1.0, behav_logp=[-2.5, -2.5])]
     rho = math.exp(0.5)  # trainer -2.0 vs sampler -2.5
-    g, total, sums = grads_of(ex, cfg(policy_loss="importance_sampling", lambda_sd=0.0), -2.0)
+    bare = dict(rollout_correction="none", lambda_sd=0.0)
+    g, total, sums = grads_of(ex, cfg(policy_loss="importance_sampling", **bare), -2.0)
     assert total.item() == pytest.approx(-rho) and g[0, 1].item() == pytest.approx(-rho / 2)
-    g, total, sums = grads_of(ex, cfg(policy_loss="ppo_clip", lambda_sd=0.0), -2.0)
+    g, total, sums = grads_of(ex, cfg(policy_loss="ppo_clip", **bare), -2.0)
     assert total.item() == pytest.approx(-1.2)  # clipped at 1 + eps ...
     assert g.abs().sum().item() == 0.0  # ... so no gradient pushes further
-    assert sums["clipped_tokens"] == 2 and sums["rl_tokens"] == 2
+    assert sums["clipped_tokens"] == 2 and sums["rl_tokens"] == 2 and sums["corrected_tokens"] == 0
     assert sums["logprob_abs_diff_sum"] == pytest.approx(1.0) and sums["logprob_abs_diff_max"] == pytest.approx(0.5)
     assert sums["mismatch_kl_sum"] == pytest.approx(2 * (rho - 1 - 0.5))  # k3 of KL(sampler||trainer)
-    g, _, sums = grads_of(ex, cfg(policy_loss="ppo_clip", tis_cap=1.2, lambda_sd=0.0), -2.0)
+    g, _, sums = grads_of(ex, cfg(policy_loss="ppo_clip", rollout_cap=1.2, lambda_sd=0.0), -2.0)
     assert g[0, 1].item() == pytest.approx(-1.2 / 2)  # TIS: truncated weight, ratio 1 vs pi_prox
-    assert sums["tis_truncated_tokens"] == 2
+    assert sums["corrected_tokens"] == 2
+
+
+def test_the_default_correction_bounds_the_weight_of_a_large_mismatch():
+    """The default (tis_token, cap 2): a 2-nat gap that the bare ratio would weigh e^2 = 7.4."""
+    assert LossConfig().rollout_correction == "tis_token" and LossConfig().rollout_cap == 2.0
+    ex = [Example([1, 2, 7, 8], 2, "rl0", 1.0, behav_logp=[-4.0, -2.5])]  # w = e^2 and e^0.5
+    g, total, sums = grads_of(ex, cfg(lambda_sd=0.0), -2.0)
+    assert g[0, 1].item() == pytest.approx(-2.0 / 2) and g[0, 2].item() == pytest.approx(-math.exp(0.5) / 2)
+    assert sums["corrected_tokens"] == 1
+    g, _, sums = grads_of(ex, cfg(lambda_sd=0.0, rollout_correction="mis_sequence"), -2.0)
+    assert g.abs().sum().item() == 0.0 and sums["corrected_tokens"] == 2  # w_seq = e^2.5: dropped
 
 
 def test_kl_penalty_against_the_reference_enters_the_rl_terms():
@@ -81,6 +94,14 @@ def test_kl_penalty_against_the_reference_enters_the_rl_terms():
     k3 = math.exp(-1.0) - (-1.0) - 1  # exp(ref - logp) - (ref - logp) - 1
     assert total.item() == pytest.approx(0.5 * k3) and sums["kl_sum"] == pytest.approx(k3)
     assert g[0, 1].item() == pytest.approx(0.5 * (1 - math.exp(-1.0)))  # d k3 / d logp
+
+
+def test_the_kl_penalty_covers_zero_advantage_rl_sequences():
+    ex = [Example([1, 2, 7], 2, "rl0", 0.0, behav_logp=[-1.0], ref_logp=[-2.0]),
+          Example([1, 2, 8], 2, "rl0", 1.0, behav_logp=[-1.0], ref_logp=[-2.0]),
+          Example([1, 2, 9], 2, "sd", 0.0)]
+    assert trained_examples(ex, cfg(kl_coef=0.5)) == ex[:2]  # every RL token carries the KL term
+    assert trained_examples(ex, cfg()) == ex[1:2]  # without KL a zero advantage adds nothing
 
 
 # -- 2. temperatures and behaviour log-probs reach the examples ----------------------------
@@ -214,8 +235,17 @@ def test_sd_warmup_schedule_and_bad_values():
         load_config(None, ["loss.sd_baseline=third"])
     with pytest.raises(ConfigError, match="loss.policy_loss"):
         load_config(None, ["loss.policy_loss=reinforce"])
-    with pytest.raises(ConfigError, match="loss.tis_cap"):
-        load_config(None, ["loss.tis_cap=0"])
+    with pytest.raises(ConfigError, match=r"loss.tis_cap: replaced by loss.rollout_correction"):
+        load_config(None, ["loss.tis_cap=2.0"])
+    for bad, key in [("loss.rollout_correction=tis_word", "loss.rollout_correction: expected one of"),
+                     ("loss.rollout_cap=1.0", "loss.rollout_cap: must be > 1"),
+                     ("loss.rollout_mask_low=2.0", "need 0 <= low < high"),
+                     ("loss.rollout_mask_high=0.4", "need 0 <= low < high"),
+                     ("loss.rollout_mask_high=0.9", "the band must contain 1"),
+                     ("loss.rollout_mask_low=1.5", "the band must contain 1"),
+                     ("loss.sampler_kl_warn=0", "loss.sampler_kl_warn: must be > 0")]:
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, [bad])
     with pytest.raises(ConfigError, match="unknown preset 'nope'"):
         load_config(None, preset="nope")
     assert load_config(None, preset="sd_clip").loss.sd_weight == "clip"

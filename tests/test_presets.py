@@ -191,7 +191,7 @@ def test_async_overlap_keeps_the_staleness_bound_and_evaluates_exact_versions(sh
 
     cfg = load_config("pipelines/configs/tiny.yaml",
                       [f"run.output_dir={tmp_path}", "run.steps=4", "run.eval_before_after=false",
-                       "run.serve_http_port=8147", "run.max_staleness=1", "loss.tis_cap=2.0",
+                       "run.serve_http_port=8147", "run.max_staleness=1", "loss.rollout_cap=2.0",
                        "run.eval_every=3", "eval.prompts=4", "trainer.num_workers=1"])
     summary = Pipeline(cfg).run()
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -34,11 +34,34 @@ def test_paired_differences_by_seed(tmp_path):
     assert sd["t"] == pytest.approx(3 * math.sqrt(3))
     assert (fm["preset"], fm["seeds"], fm["diffs"]) == ("rltf_fm", [1], pytest.approx([0.05]))
     text = write_report(tmp_path, "t", "grpo_single")
-    assert "| rltf_sd | 3 | +0.300 | 0.058 | 5.20 | s0: +0.300, s1: +0.200, s2: +0.400 | yes |" in text
-    assert "| rltf_fm | 1 | +0.050 | - | - | s1: +0.050 | no |" in text  # one seed: no SE, no t
+    assert ("| rltf_sd | grpo_single | 3 | +0.300 | 0.058 | 5.20 | s0: +0.300, s1: +0.200, s2: +0.400 | yes |"
+            in text)
+    assert "| rltf_fm | grpo_single | 1 | +0.050 | - | - | s1: +0.050 | no |" in text  # one seed: no SE, no t
     assert math.isnan(fm["se"]) and math.isnan(fm["t"])
     lines = (tmp_path / "runs.jsonl").read_text().splitlines()
     assert len(lines) == 7 and (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_variants_pair_with_their_own_baseline_and_records_carry_provenance(tmp_path):
+    """compare.py --variant V names run folders <preset>.V_s<seed>."""
+    after = {("grpo_single.tis", 0): 0.1, ("rltf_sd.tis", 0): 0.5, ("grpo_single.tis", 1): 0.2,
+             ("rltf_sd.tis", 1): 0.4, ("grpo_single.fp32", 0): 0.6, ("rltf_sd.fp32", 0): 0.7,
+             ("grpo_single.fp32", 1): 0.5, ("rltf_sd.fp32", 1): 0.8}
+    for (p, s), a in after.items():
+        d = run_dir(tmp_path, p, s, 0.0, a)
+        summary = json.loads((d / "summary.json").read_text())
+        summary["provenance"] = {"commit": "abc", "engine_dtype": "float32" if "fp32" in p else "bfloat16",
+                                 "learner_dtype": "float32", "lr": 1e-5, "loss": {"rollout_correction": "tis_token"}}
+        (d / "summary.json").write_text(json.dumps(summary))
+    runs = finished_runs(tmp_path)
+    by = {(r["preset"], r["seed"]): r for r in runs}
+    assert by[("rltf_sd.fp32", 1)]["variant"] == "fp32" and by[("rltf_sd.tis", 0)]["engine_dtype"] == "bfloat16"
+    assert by[("grpo_single.tis", 0)]["commit"] == "abc" and by[("grpo_single.tis", 0)]["lr"] == 1e-5
+    rows = {r["preset"]: r for r in paired(runs, "grpo_single")}
+    assert set(rows) == {"rltf_sd.tis", "rltf_sd.fp32"}
+    assert rows["rltf_sd.tis"]["baseline"] == "grpo_single.tis" and rows["rltf_sd.tis"]["diffs"] == pytest.approx([0.4, 0.2])
+    assert rows["rltf_sd.fp32"]["baseline"] == "grpo_single.fp32" and rows["rltf_sd.fp32"]["diffs"] == pytest.approx([0.1, 0.3])
+    assert "| rltf_sd.fp32 | grpo_single.fp32 | 2 | +0.200 |" in write_report(tmp_path, "t", "grpo_single")
 
 
 def test_the_critics_fix_rate_is_pooled_over_each_half_of_the_run(tmp_path):

@@ -9,7 +9,7 @@ from rltf_ray.stages import ROWS, StageError, arrow_stage
 
 def reward_rows(rows):
     return [{**r, "reward_second": 1.0, "correct_second": True, "format_second": True,
-             "reward_failed": False, "critic_revision_rewards": None, "critic_revision_correct": None,
+             "reward_asked": False, "reward_failed": False, "critic_revision_rewards": None, "critic_revision_correct": None,
              "critic_reference_rewards": None} for r in rows]
 
 

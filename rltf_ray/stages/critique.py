@@ -90,17 +90,25 @@ class CriticFailure(RuntimeError):
 
 
 def check_critique_failures(rows: list[dict], p: CritiqueParams, rounds: int, step: int) -> None:
-    """Stop the run when more than `p.max_failed_fraction` of a step's critique requests failed
-    after their retries; the error carries the critic's own message."""
-    failed = [r[round_col("critique_error", k)] for k in range(1, rounds + 1) for r in rows
+    """Stop the run when more than `p.max_failed_fraction` of a step's requests to the critic
+    failed after their retries; the error carries the critic's own message. Every request
+    counts, whatever its row became: critiques (of correct answers too, for a learned critic;
+    of attempts whose revision then overflowed the context) and the verdicts that score a task
+    without a verifier (first answers, in single-turn runs too, and revisions)."""
+    def flags(name: str) -> list[bool]:
+        return [bool(r.get(round_col(name, k))) for k in range(1, rounds + 1) for r in rows]
+
+    errors = [r[round_col("critique_error", k)] for k in range(1, rounds + 1) for r in rows
               if r.get(round_col("critique_failed", k))]
-    answered = sum(bool(r.get(round_col("revised", k))) for k in range(1, rounds + 1) for r in rows)
-    asked = len(failed) + answered
-    if failed and len(failed) / asked > p.max_failed_fraction:
+    asked = sum(flags("critique_asked")) + sum(flags("reward_asked"))
+    failed = len(errors) + sum(flags("reward_failed"))
+    if failed and failed / asked > p.max_failed_fraction:
+        first = errors[0] if errors else "a verdict on a revision (the critic's score) failed"
         raise CriticFailure(
-            f"step {step}: {len(failed)} of {asked} critique requests to '{p.app_name}' failed after "
+            f"step {step}: {failed} of {asked} requests to the critic '{p.app_name}' failed after "
             f"{p.retries} retries (more than max_failed_fraction={p.max_failed_fraction}); first "
-            f"error: {failed[0]}. Without critiques the run would silently be single-turn RL.")
+            f"error: {first}. Without the critic the run would silently train on nothing "
+            "(no critiques, or no rewards).")
 
 
 def make_critique(task_cfg: TaskConfig, p: CritiqueParams, turns: int = 2, critique_correct: bool = False):
@@ -132,6 +140,7 @@ def make_critique(task_cfg: TaskConfig, p: CritiqueParams, turns: int = 2, criti
             res, err = by_row.get(i, (None, ""))
             asked = i in by_row
             out.append({**r, round_col("critique", k): res["critique"] if res else "",
+                        round_col("critique_asked", k): asked,
                         round_col("critique_failed", k): asked and res is None,
                         round_col("critique_error", k): err,
                         # The verifier wins over the critic's own verdict; disagreements are counted.
@@ -163,6 +172,7 @@ def make_reward(task_cfg: TaskConfig, p: RewardParams, critic: CritiqueParams):
                 a = attempt(r, k)
                 score, failed = (a.reward, a.correct, a.format_ok), False
             out.append({**r, **{round_col(c, k): v for c, v in zip(SECOND_TURN_SCORE, score)},
+                        round_col("reward_asked", k): i in scored and not task.has_verifier,
                         round_col("reward_failed", k): failed})
             if k == 1:  # the learned critic's revisions (a learned critic needs a verifier)
                 out[-1].update(critic_scores(task, r))

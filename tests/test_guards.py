@@ -1,0 +1,99 @@
+"""The guards against runs that train on nothing and say nothing: the critique-failure bound
+over every request, the learned critic's dead updates and identical critiques, the
+sampler-mismatch warning, and their config errors."""
+import pytest
+
+from rltf_ray.config import ConfigError
+from rltf_ray.graph import CritiqueParams
+from rltf_ray.loading import load_config
+from rltf_ray.metrics import dead_critic_update, identical_pair_fraction, mismatch_warning
+from rltf_ray.objectives import build_critic_examples
+from rltf_ray.stages.critique import CriticFailure, check_critique_failures
+
+TINY = "pipelines/configs/tiny.yaml"
+
+
+def test_every_critic_request_counts_toward_the_failure_bound():
+    p = CritiqueParams(max_failed_fraction=0.25)
+    # 4 critiques asked: 2 revised, 1 of a correct answer (a learned critic's), 1 whose revision
+    # overflowed (not revised); 1 of them failed. Only revised rows counted before: 1 of 3.
+    rows = [dict(critique_asked=True, critique_failed=False, revised=True),
+            dict(critique_asked=True, critique_failed=False, revised=True),
+            dict(critique_asked=True, critique_failed=False, revised=False),
+            dict(critique_asked=True, critique_failed=True, critique_error="TimeoutError: x", revised=False),
+            dict(critique_asked=False, critique_failed=False, revised=False)]
+    check_critique_failures(rows, p, 1, 0)  # 1 of 4 = 0.25: not above the bound
+    rows[2]["critique_failed"] = True
+    rows[2]["critique_error"] = "ValueError: y"
+    with pytest.raises(CriticFailure, match=r"2 of 4 requests .* first error: ValueError: y"):
+        check_critique_failures(rows, p, 1, 3)
+
+
+def test_a_dead_judge_stops_a_single_turn_run():
+    """A task without a verifier in a single-turn run: every first answer's verdict is a request."""
+    rows = [dict(critique_asked=True, critique_failed=True, critique_error="ConnectionError: judge down")
+            for _ in range(4)]
+    with pytest.raises(CriticFailure, match="4 of 4 requests.*ConnectionError: judge down"):
+        check_critique_failures(rows, CritiqueParams(), 1, 0)
+
+
+def test_failed_verdicts_on_revisions_count_too():
+    rows = [dict(critique_asked=True, reward_asked=True, reward_failed=True) for _ in range(2)]
+    with pytest.raises(CriticFailure, match="2 of 4 requests.*a verdict on a revision"):
+        check_critique_failures(rows, CritiqueParams(max_failed_fraction=0.2), 1, 0)
+
+
+def test_identical_pairs():
+    assert identical_pair_fraction([[[1, 2], [1, 2]], [[1], [3]]]) == 0.5
+    assert identical_pair_fraction([[[1, 2], [1, 2], [1, 2]]]) == 1.0  # 3 pairs, all alike
+    assert identical_pair_fraction([[[1]]]) is None
+
+
+def critic_row(rewards_of_revisions, critiques):
+    k = len(critiques)
+    return dict(reward_first=0.0, correct_first=False, critic_critiques=["c"] * k,
+                critic_revision_rewards=rewards_of_revisions, critic_verdicts=[False] * k,
+                critic_format_ok=[True] * k, critic_prompt_ids=[1, 2], critic_critique_ids=critiques,
+                critic_critique_logprobs=[[-1.0] * len(c) for c in critiques])
+
+
+def test_zero_advantage_fraction_of_a_critic_update():
+    cfg = load_config(TINY, preset="binac")
+    rows = [critic_row([1.0, 0.0], [[5], [6]]), critic_row([1.0, 1.0], [[5], [6]]),
+            critic_row([0.0, 0.0], [[7], [7]])]
+    ex, stats = build_critic_examples(rows, cfg)
+    assert stats["critic_zero_advantage_fraction"] == pytest.approx(2 / 3) and stats["critic_groups"] == 3
+    assert [e.adv for e in ex[:2]] == [0.5, -0.5]
+    _, stats = build_critic_examples([], cfg)
+    assert stats["critic_zero_advantage_fraction"] is None
+
+
+def test_the_cause_of_a_dead_critic_update():
+    assert dead_critic_update({"critic_trained": False}) is None
+    assert dead_critic_update({"critic_trained": True, "critic_zero_advantage_fraction": 0.5}) is None
+    same = dead_critic_update({"critic_trained": True, "critic_zero_advantage_fraction": 1.0,
+                               "critic_identical_pair_fraction": 1.0})
+    assert "identical (100% of pairs)" in same and "binac.temperature" in same
+    flat = dead_critic_update({"critic_trained": True, "critic_zero_advantage_fraction": 1.0,
+                               "critic_identical_pair_fraction": 0.1})
+    assert "saturated" in flat
+    assert "no attempt was critiqued" in dead_critic_update({"critic_trained": True})
+
+
+def test_bad_guard_settings_are_refused():
+    with pytest.raises(ConfigError, match=r"binac.critiques_per_attempt=1 with binac.critic_steps=1"):
+        load_config(TINY, ["binac.critiques_per_attempt=1", "binac.critic_steps=1"], preset="binac")
+    with pytest.raises(ConfigError, match="binac.max_dead_updates: must be >= 1"):
+        load_config(TINY, ["binac.max_dead_updates=0"], preset="binac")
+    assert load_config(TINY, preset="fixed_critic").binac.critiques_per_attempt == 1  # frozen: allowed
+
+
+def test_the_mismatch_warning_names_the_cause_and_the_fix():
+    m = {"step": 2, "sampler_kl_k3": 0.004, "logprob_abs_diff_mean": 0.08, "logprob_abs_diff_max": 1.2,
+         "rollout_correction": "tis_token"}
+    text = mismatch_warning(m, 1e-3, "bfloat16", "float32")
+    assert text.startswith("WARNING step 3") and "4.00e-03" in text
+    assert "samples in bfloat16 while the learner computes in float32" in text and "model.dtype=float32" in text
+    assert "different kernels" in mismatch_warning(m, 1e-3, "float32", "float32")
+    assert mismatch_warning(m, 1e-2, "bfloat16", "float32") is None
+    assert mismatch_warning({"step": 0, "sampler_kl_k3": None}, 1e-3, "bfloat16", "float32") is None
