@@ -23,7 +23,8 @@ GAUGES = {
     "critic_reward_mean": "rltf_critic_reward_mean", "logprob_abs_diff_mean": "rltf_logprob_abs_diff_mean",
     "engine_version_lag": "rltf_engine_version_lag", "rows": "rltf_rows_per_step",
     "train_tokens_per_s": "rltf_train_tokens_per_s", "learner_peak_rss_gb": "rltf_learner_peak_rss_gb",
-    "engine_peak_rss_gb": "rltf_engine_peak_rss_gb",
+    "engine_peak_rss_gb": "rltf_engine_peak_rss_gb", "sampler_kl_k3": "rltf_sampler_kl_k3",
+    "critic_zero_advantage_fraction": "rltf_critic_zero_advantage_fraction",
 }
 PHASES = ("rollout", "train", "sync", "step")
 

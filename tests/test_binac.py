@@ -103,6 +103,7 @@ def test_the_critic_learns_and_its_engine_serves_the_checkpoint(tiny_path, tiny_
         m = critic_learn_step(critic.engine, [row], cfg, 0, 0, 0, 1)
         assert m["examples_critic"] == 2 and m["critic_rl_tokens_trained"] > 0 and math.isfinite(m["loss_critic"])
         assert m["critic_logprob_abs_diff_mean"] < 1e-3  # its sampler and its learner agree
+        assert m["critic_zero_advantage_fraction"] == 0.0 and m["critic_groups"] == 1  # rewards 1 and 0
         state = critic.push()
         assert critic.version == 1 and ray.get(engine.ready.remote()) == 1
         after = engine_logprobs(engine, *probe)
@@ -154,6 +155,12 @@ def test_binac_runs_two_steps_with_the_bilevel_term_and_a_critic_of_another_voca
     # the reference is version 1 at step 1 (refreshed every version), the current too: the
     # terms come from the same weights, and the row's metrics are built from them
     assert lines[1]["critic_reward_reference_mean"] is not None and "critic_fix_rate" in lines[1]
+    # the degeneracy guards' metrics, from the same rows
+    from rltf_ray.metrics import identical_pair_fraction
+
+    assert lines[1]["critic_identical_pair_fraction"] == identical_pair_fraction(
+        [r["critic_critique_ids"] for r in critiqued])
+    assert lines[1]["critic_groups"] == len(critiqued) and 0.0 <= lines[1]["critic_zero_advantage_fraction"] <= 1.0
     fmt = [f for r in critiqued for f in r["critic_format_ok"]]
     assert lines[1]["critiques"] == 2 * len(critiqued) and lines[1]["critic_format_ok"] == pytest.approx(
         sum(fmt) / len(fmt))  # the share of critiques with a verdict line, from the rows

@@ -109,6 +109,9 @@ def test_cli_dry_run_and_error_exit():
     bad = subprocess.run(run + ["--dry-run", "trainer.zero_stage=x"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "trainer.zero_stage" in bad.stderr
+    one = subprocess.run(run + ["--dry-run", "--preset", "binac", "binac.critiques_per_attempt=1",
+                                "binac.critic_steps=1"], capture_output=True, text=True, timeout=120)
+    assert one.returncode == 2 and "binac.critiques_per_attempt=1 with binac.critic_steps=1" in one.stderr
 
 
 def test_every_bad_prompt_row_is_reported_with_line_id_and_reason(tmp_path):

@@ -97,3 +97,21 @@ def test_the_mismatch_warning_names_the_cause_and_the_fix():
     assert "different kernels" in mismatch_warning(m, 1e-3, "float32", "float32")
     assert mismatch_warning(m, 1e-2, "bfloat16", "float32") is None
     assert mismatch_warning({"step": 0, "sampler_kl_k3": None}, 1e-3, "bfloat16", "float32") is None
+
+
+def test_consecutive_dead_critic_updates_stop_the_run():
+    from types import SimpleNamespace
+
+    from rltf_ray.steps import DeadCriticError, StepRunner
+
+    runner = SimpleNamespace(cfg=load_config(TINY, ["binac.max_dead_updates=2"], preset="binac"))
+    dead = {"step": 0, "critic_trained": True, "critic_zero_advantage_fraction": 1.0,
+            "critic_identical_pair_fraction": 1.0}
+    StepRunner.check_critic_update(runner, dead)  # 1 of 2: a warning
+    StepRunner.check_critic_update(runner, {**dead, "step": 1, "critic_trained": False})  # no update
+    assert runner.dead_updates == 1
+    StepRunner.check_critic_update(runner, {**dead, "step": 2, "critic_zero_advantage_fraction": 0.5})
+    assert runner.dead_updates == 0  # an update that trained on something resets the count
+    StepRunner.check_critic_update(runner, {**dead, "step": 3})
+    with pytest.raises(DeadCriticError, match=r"step 5: 2 critic updates in a row .* identical \(100% of pairs\)"):
+        StepRunner.check_critic_update(runner, {**dead, "step": 4})

@@ -155,6 +155,11 @@ def test_losses_finite_and_metrics_keys(run):
         # the trainer (bf16 DeepSpeed) and the sampler (fp32 vLLM) agree closely on the sampled
         # tokens at their sampling temperature (tests/test_sampler_agreement.py: fp32 vs fp32)
         assert 0 < m["logprob_abs_diff_mean"] < 0.05 and m["sampler_trainer_kl"] < 0.01
+        # the rollout-correction metrics of the default (tis_token): the k3 KL and the share of
+        # RL tokens whose weight the cap truncated
+        assert m["sampler_kl_k3"] == m["sampler_trainer_kl"] and m["correction_masked_fraction"] is None
+        trunc = m["correction_truncated_fraction"]  # null in a step that trained no RL token
+        assert (trunc is None) == (m["rl_tokens_trained"] == 0) and (trunc is None or 0 <= trunc <= 1)
         # each process holds at least its model and torch (> 0.2 GiB), and less than the machine
         assert 0.2 < m["learner_peak_rss_gb"] < 24 and 0.2 < m["engine_peak_rss_gb"] < 24
         assert m["train_tokens"] > 0 and m["train_tokens_per_s"] > 0
@@ -163,6 +168,11 @@ def test_losses_finite_and_metrics_keys(run):
         assert m["seconds_forward_backward"] > 0 and m["seconds_optimizer"] > 0
         assert sum(m[k] for k in parts) <= m["seconds_train"]
     assert [m["policy_version"] for m in lines] == [1, 2]
+    # what the run was: the code, both precisions, the resolved loss and the learning rate
+    prov = run["summary"]["provenance"]
+    assert prov["engine_dtype"] in ("bfloat16", "float32") and prov["learner_dtype"] == "bfloat16"  # tiny.yaml
+    assert prov["loss"]["rollout_correction"] == "tis_token" and prov["lr"] == run["cfg"].trainer.lr
+    assert prov["commit"] is None or len(prov["commit"].split("-")[0]) == 40
     # run.checkpoint_every=1: each step writes one, and its seconds are part of the step's
     assert all(0 < m["seconds_checkpoint"] < m["seconds_step"] for m in lines)
 
