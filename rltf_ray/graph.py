@@ -46,7 +46,11 @@ class GenerateParams:
 @dataclass(frozen=True)
 class CritiqueParams:
     critic: str = "programmatic"
-    app_name: str = "rltf_critic"
+    # The Serve app a run deploys its critic under. None: a name of the run's own,
+    # rltf_critic_<run id>, so that runs sharing a cluster never share (or delete) a critic;
+    # a name given here must not be running already. With attach: the running app to use
+    # (None: rltf_critic, the name serve/critic.yaml deploys).
+    app_name: str | None = None
     # Attach to an already running critic app of that name instead of deploying one.
     attach: bool = False
     # A correct first answer ends the episode: no critique request and no revision.

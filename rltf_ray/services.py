@@ -3,6 +3,7 @@ broker and the Ray Train learner. Each starts once per run (an engine start cost
 trainer start ~25 s), and `stop` ends exactly what `start` started."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -89,6 +90,25 @@ def note_single_worker_zero(cfg: Config) -> None:
             "keeps an extra fp32 copy of the weights; trainer.zero_stage=0 needs less memory")
 
 
+def critic_app_name(crit, run_id: str, running: set[str]) -> str:
+    """The Serve app name a run's critic lives under (`CritiqueParams.app_name`): its own
+    `rltf_critic_<run id>` unless one is given; a given name must already run with attach and
+    must not with a deployment, which would replace another run's critic in place."""
+    if crit.attach:
+        name = crit.app_name or "rltf_critic"
+        if name not in running:
+            raise RuntimeError(f"critique node: attach=true but no Serve app named '{name}' is running "
+                               f"(running: {', '.join(sorted(running)) or 'none'})")
+        return name
+    if crit.app_name is None:
+        return f"rltf_critic_{run_id}"
+    if crit.app_name in running:
+        raise RuntimeError(f"critique node: a Serve app named '{crit.app_name}' is already running on this "
+                           "cluster (another run's critic?); deploying would replace it. Leave app_name "
+                           "unset for a name of this run's own, or set attach=true to share that app")
+    return crit.app_name
+
+
 class Services:
     """Starts and stops a run's Ray resources; the driver's view of the learner."""
 
@@ -127,14 +147,13 @@ class Services:
         self.run_id = uuid.uuid4().hex[:6]  # keeps actor names unique when runs share a cluster
         self.broker_name = f"rltf/broker-{self.run_id}"  # created below; restarted engines ask it
         crit = node_params(self.cfg.node("critique"))
-        self.critic_params = crit
+        crit = dataclasses.replace(crit, app_name=critic_app_name(crit, self.run_id,
+                                                                  set(serve.status().applications)))
+        self.critic_params = crit  # every stage and evaluation calls this app
         self.critic_engines: list = []
         learned = self._start_critic_engines(crit, train) if crit.critic == "learned" else None
         t = time.perf_counter()
         if crit.attach:
-            if crit.app_name not in serve.status().applications:
-                raise RuntimeError(f"critique node: attach=true but no Serve app named "
-                                   f"'{crit.app_name}' is running")
             self.deployed_critic = False
         else:
             serve.start(http_options={"host": "127.0.0.1", "port": self.cfg.run.serve_http_port})

@@ -3,6 +3,7 @@ hand-off to the learner, the step's metrics row; and held-out evaluation between
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,8 +37,8 @@ class StepRunner:
             p = node_params(node)
             fn = {"generate": lambda: make_generate(self.engines, self.model_path, p, node.name,
                                                   self.cfg.engine.max_model_len),
-                  "critique": lambda: make_critique(self.cfg.task, p, self.cfg.run.turns,
-                                                    self.cfg.binac.critique_correct),
+                  "critique": lambda: make_critique(self.cfg.task, replace(p, app_name=critic.app_name),
+                                                    self.cfg.run.turns, self.cfg.binac.critique_correct),
                   "revise": lambda: make_revise(self.engines, self.model_path, p, node.name,
                                               self.cfg.engine.max_model_len,
                                               self.cfg.binac.revisions_per_critique,

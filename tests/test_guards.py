@@ -115,3 +115,4 @@ def test_consecutive_dead_critic_updates_stop_the_run():
     StepRunner.check_critic_update(runner, {**dead, "step": 3})
     with pytest.raises(DeadCriticError, match=r"step 5: 2 critic updates in a row .* identical \(100% of pairs\)"):
         StepRunner.check_critic_update(runner, {**dead, "step": 4})
+

@@ -73,7 +73,9 @@ def run(tmp_path_factory, tiny_path):
     try:
         probe = ([1, 5, 9, 13], [17, 21, 25, 29, 33])
         before = engine_logprobs(p.engines[0], *probe)
-        http = requests.post(f"http://127.0.0.1:{PORT}/rltf_critic",
+        app = p.critic_params.app_name  # the run's own: rltf_critic_<run id>
+        assert app == f"rltf_critic_{p.run_id}"
+        http = requests.post(f"http://127.0.0.1:{PORT}/{app}",
                              json={"response": "<answer>7</answer>", "meta": {"answer": 5}}, timeout=30)
         summary = p.train()
         after = engine_logprobs(p.engines[0], *probe)
@@ -108,7 +110,7 @@ def run(tmp_path_factory, tiny_path):
         ray.kill(fresh)
         yield dict(out=out, cfg=cfg, summary=summary, before=before, after=after,
                    from_ckpt=from_ckpt, gen=gen, http=http, scraped=scraped, apps=apps, actors=actors,
-                   run_name=out.name)
+                   run_name=out.name, app=app)
     finally:
         p.stop()
 
@@ -244,7 +246,7 @@ def test_dashboard_metrics_and_named_actors(run):
     # flight (the fixture waited out the stale value of a worker Ray had stopped)
     assert all(v == 0 for v in in_flight(text)), in_flight(text)
     apps = run["apps"]["applications"]
-    assert apps["rltf_critic"]["status"] == "RUNNING"
+    assert apps[run["app"]]["status"] == "RUNNING"
     alive = [a for a in run["actors"]["data"]["result"]["result"] if a["state"] == "ALIVE"]
     engine = [a for a in alive if (a.get("name") or "").startswith("rltf/engine-")]
     broker = [a for a in alive if (a.get("name") or "").startswith("rltf/broker-")]

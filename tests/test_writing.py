@@ -57,7 +57,7 @@ def test_writing_runs_one_step_with_judge_rewards(tmp_path, tiny_path):
     try:
         pipe.start()
         summary = pipe.train()
-        stats = serve.get_app_handle("rltf_critic").stats.remote().result()
+        stats = serve.get_app_handle(pipe.critic_params.app_name).stats.remote().result()
     finally:
         pipe.stop()
         serve.shutdown()
