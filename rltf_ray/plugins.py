@@ -8,7 +8,8 @@ imports it too, because `worker_runtime_env` ships it:
 * a `.py` file is copied into a package folder of the same name and sent through Ray's
   `py_modules`, so a file that exists only on the submitting machine is importable on every
   node of a cluster (the driver imports it under that same module name, so that pickled
-  classes resolve to it on both sides);
+  classes resolve to it on both sides); the modules beside it that it imports when it loads
+  (`from my_helpers import ...`: a file or a package folder next to it) ship with it;
 * a module by name is shipped the same way when it lives outside site-packages (a local
   package folder); an installed package is expected to be installed on the workers;
 * the env var RLTF_RAY_PLUGINS lists the module names, and the registries import them on
@@ -31,6 +32,7 @@ from rltf_ray.errors import ConfigError
 
 ENV = "RLTF_RAY_PLUGINS"
 _loaded: dict[str, str] = {}  # spec -> module name
+_helpers: dict[str, list[str]] = {}  # a plugin file -> the modules beside it that it imported
 
 
 class PluginError(ConfigError):
@@ -59,6 +61,18 @@ def _import_file(path: Path, name: str):
             return existing
         raise PluginError(f"plugin {str(path)!r}: a module named {name!r} is already imported from "
                           f"{getattr(existing, '__file__', None)}; rename the file")
+    if name in sys.stdlib_module_names:
+        raise PluginError(f"plugin {str(path)!r}: its name {name!r} is a standard-library module's, which "
+                          "it would hide in every process that loads it; rename the file")
+    found = importlib.util.find_spec(name)
+    if found is not None and found.origin and Path(found.origin).resolve() != path.resolve():
+        raise PluginError(f"plugin {str(path)!r}: its name {name!r} is already taken by {found.origin}, "
+                          "which it would hide on the workers; rename the file")
+    # As `python path` would: modules beside the plugin import by their names (its helpers).
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.append(folder)
+    before = set(sys.modules)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before exec: classes defined in it pickle by this name
@@ -67,7 +81,23 @@ def _import_file(path: Path, name: str):
     except BaseException:
         del sys.modules[name]
         raise
+    _helpers[str(path.resolve())] = _local_modules(set(sys.modules) - before - {name}, Path(folder))
     return module
+
+
+def _local_modules(names: set[str], folder: Path) -> list[str]:
+    """The files or package folders, inside `folder`, of the modules in `names` (the plugin's
+    helpers, imported with it): what must ship beside it for its imports to work on a worker."""
+    out = set()
+    for n in names:
+        origin = getattr(sys.modules.get(n), "__file__", None)
+        if not origin or _installed(Path(origin)):
+            continue
+        top = n.split(".")[0]
+        for candidate in (folder / top, folder / f"{top}.py"):
+            if candidate.exists() and Path(origin).resolve().is_relative_to(candidate.resolve()):
+                out.add(str(candidate))
+    return sorted(out)
 
 
 def load_plugin(spec: str) -> str:
@@ -112,17 +142,31 @@ def _installed(path: Path) -> bool:
     return any(part in ("site-packages", "dist-packages") for part in path.parts)
 
 
+def _package_copy(src: Path, name: str) -> str:
+    """`src` copied into a package folder `name` (its `__init__.py`), in this user's own
+    staging folder, keyed by the file's content: `import name` finds it on a worker."""
+    digest = hashlib.sha1(src.read_bytes()).hexdigest()[:12]
+    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    pkg = Path(tempfile.gettempdir()) / f"rltf_ray_plugins-{user}" / digest / name
+    if not (pkg / "__init__.py").is_file():
+        pkg.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, pkg / "__init__.py")
+    return str(pkg)
+
+
+def _helper_dirs(spec: str) -> list[str]:
+    """The plugin file's helpers (`_helpers`), each as a folder `py_modules` can ship."""
+    if not is_path(spec):
+        return []
+    return [h if Path(h).is_dir() else _package_copy(Path(h), Path(h).stem)
+            for h in _helpers.get(str(Path(spec).resolve()), [])]
+
+
 def _ship_dir(spec: str) -> str | None:
     """A local folder that makes the plugin importable on a worker, or None (installed)."""
     name = module_name(spec)
     if is_path(spec):
-        src = Path(spec).resolve()
-        digest = hashlib.sha1(src.read_bytes()).hexdigest()[:12]
-        pkg = Path(tempfile.gettempdir()) / "rltf_ray_plugins" / digest / name
-        if not (pkg / "__init__.py").is_file():
-            pkg.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, pkg / "__init__.py")
-        return str(pkg)
+        return _package_copy(Path(spec).resolve(), name)
     top = name.split(".")[0]
     found = importlib.util.find_spec(top)
     if found is None or not found.submodule_search_locations:
@@ -143,7 +187,7 @@ def worker_runtime_env(specs: Sequence[str]) -> dict:
     if not specs:
         return {}
     load_plugins(specs)  # fail here, in the driver, with the plugin's own error
-    dirs = sorted({d for d in (_ship_dir(s) for s in specs) if d})
+    dirs = sorted({d for d in (_ship_dir(s) for s in specs) if d} | {h for s in specs for h in _helper_dirs(s)})
     env: dict = {"env_vars": {ENV: ",".join(module_name(s) for s in specs)}}
     if dirs:
         env["py_modules"] = dirs

@@ -81,6 +81,42 @@ def test_plugin_file_registers_its_task_and_ships_as_a_package(tmp_path):
     assert Path(shipped).name == "plug_ship" and (Path(shipped) / "__init__.py").read_text() == PLUGIN
 
 
+def helped_plugin(folder: Path, tag: str) -> Path:
+    """A plugin file that imports a module and a package kept beside it, as users keep helpers;
+    `tag` keeps the module names of one test apart from another's in the same process."""
+    (folder / f"helped_util{tag}.py").write_text("def double(x):\n    return 2 * x\n")
+    (folder / f"helped_pkg{tag}").mkdir()
+    (folder / f"helped_pkg{tag}" / "__init__.py").write_text("OFFSET = 5\n")
+    path = folder / f"plug_helped{tag}.py"
+    path.write_text(f"from helped_util{tag} import double\nfrom helped_pkg{tag} import OFFSET\n\n\n"
+                    "def value():\n    return double(20) + OFFSET\n")
+    return path
+
+
+def test_a_plugins_helpers_beside_it_load_and_ship_with_it(tmp_path):
+    path = helped_plugin(tmp_path, "_a")
+    assert str(tmp_path) not in sys.path  # not started from the plugin's folder
+    assert sys.modules[load_plugin(str(path))].value() == 45
+    env = worker_runtime_env([str(path)])
+    shipped = {Path(d).name: Path(d) for d in env["py_modules"]}
+    assert set(shipped) == {"plug_helped_a", "helped_util_a", "helped_pkg_a"}
+    assert (shipped["helped_util_a"] / "__init__.py").read_text().startswith("def double")
+    assert shipped["helped_pkg_a"] == tmp_path / "helped_pkg_a"  # a package folder ships as it is
+    # each user stages copies in a folder of their own (a shared one breaks the second user)
+    assert f"rltf_ray_plugins-{os.getuid()}" in str(shipped["plug_helped_a"])
+
+
+@pytest.mark.parametrize("name,why", [("sched", "its name 'sched' is a standard-library module's"),
+                                      ("calendar", "a module named 'calendar' is already imported"),
+                                      ("yaml", "a module named 'yaml' is already imported")])
+def test_a_plugin_named_like_another_module_is_refused(tmp_path, name, why):
+    """A plugin file would hide the module of its name in every process that loads it."""
+    path = tmp_path / f"{name}.py"
+    path.write_text("X = 1\n")
+    with pytest.raises(PluginError, match=why):
+        load_plugin(str(path))
+
+
 def test_plugin_errors_name_the_plugin(tmp_path):
     with pytest.raises(PluginError, match="no module named 'not_a_module_xyz'"):
         load_plugin("not_a_module_xyz")
@@ -215,6 +251,32 @@ def api_config(tmp_path: Path, plugin: Path, held_out: Path | None = None) -> "r
     if held_out is not None:
         config.evaluation(path=str(held_out))
     return config
+
+
+@pytest.mark.integration
+def test_a_plugins_helpers_reach_a_worker_that_lacks_its_folder(tmp_path):
+    """The plugin's folder is deleted before the worker imports it, as on another node: the
+    worker has only what was shipped, the plugin and the helpers beside it."""
+    import ray
+
+    folder = tmp_path / "user_code"
+    folder.mkdir()
+    path = helped_plugin(folder, "_w")
+    env = worker_runtime_env([str(path)])
+    ray.init(num_cpus=1, include_dashboard=False, runtime_env=env)  # uploads the py_modules
+    try:
+        shutil.rmtree(folder)
+
+        @ray.remote
+        def on_worker():
+            import plug_helped_w
+
+            return plug_helped_w.value(), plug_helped_w.__file__
+
+        value, where = ray.get(on_worker.remote())
+        assert value == 45 and "user_code" not in where
+    finally:
+        ray.shutdown()
 
 
 @pytest.mark.integration
