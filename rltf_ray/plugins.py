@@ -195,7 +195,28 @@ def worker_runtime_env(specs: Sequence[str]) -> dict:
 
         if ray.is_initialized():
             env = _uploaded(env)
-    return env
+    return with_job_env(env)
+
+
+def with_job_env(env: dict) -> dict:
+    """`env` on top of the job's own runtime_env, for a task, actor or Serve replica that
+    sets one: Ray replaces a parent's field by the child's (py_modules, pip) and Serve gives
+    such a replica only the job's working_dir, so without this the job's libraries, env vars
+    (API keys) and packages would be lost there. env_vars are merged and py_modules joined;
+    `env` wins where both set a field. {} stays {}: such a worker inherits the job's whole."""
+    import ray
+
+    if not env or not ray.is_initialized():
+        return env
+    job = dict(ray.get_runtime_context().runtime_env or {})
+    if not job:
+        return env
+    out = {**job, **env}
+    if "env_vars" in job or "env_vars" in env:
+        out["env_vars"] = {**(job.get("env_vars") or {}), **(env.get("env_vars") or {})}
+    if "py_modules" in job or "py_modules" in env:
+        out["py_modules"] = list(dict.fromkeys([*(job.get("py_modules") or []), *(env.get("py_modules") or [])]))
+    return out
 
 
 def _uploaded(env: dict) -> dict:

@@ -53,18 +53,17 @@ def apply_embedded_ray_env() -> None:
 
 def init_ray(cfg: Config) -> bool:
     """Join RAY_ADDRESS / an existing runtime, or start Ray in-process. True if we started it.
-    The job's runtime_env carries the config's plugins to every worker."""
+    In-process, the job's runtime_env carries the config's plugins to every worker. A joined
+    Ray (a submitted job) keeps its job's runtime_env as it is: the plugins then reach each
+    worker through the runtime_env it is started with (`Services.runtime_env`, laid over the
+    job's), so a job's own py_modules, pip or env vars never clash with them."""
     import ray
 
     if ray.is_initialized():
         return False
     plugins = worker_runtime_env(cfg.plugins)
     if os.environ.get("RAY_ADDRESS"):
-        try:
-            ray.init(log_to_driver=True, runtime_env=plugins or None)
-        except ValueError as e:  # a submitted job's own runtime_env sets the same fields
-            raise ConfigError(f"plugins: cannot add them to the job's runtime_env ({e}); ship them with "
-                              "the job instead (ray job submit --working-dir, or py_modules)") from None
+        ray.init(log_to_driver=True)
         return False
     apply_embedded_ray_env()
     # Logical CPUs: engines and trainer workers each hold one; they take turns on the cores.

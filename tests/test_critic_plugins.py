@@ -166,9 +166,10 @@ class LengthCritic:
 
     def judge(self, items):
         shipped = os.environ.get("RLTF_RAY_PLUGINS", "")
+        job = os.environ.get("RLTF_TEST_JOB_VAR")  # the job's runtime_env reaches the replica
         return [{"reward": self.bonus + len(x["response"]) / self.target,
                  "correct": len(x["response"]) == self.target,
-                 "critique": f"{self.task.name} a={x['meta']['a']} verdict={x.get('verdict')} env={shipped}"}
+                 "critique": f"{self.task.name} a={x['meta']['a']} verdict={x.get('verdict')} env={shipped} job={job}"}
                 for x in items]
 
 
@@ -213,7 +214,8 @@ def plugin_serve(tmp_path_factory):
     path = tmp_path_factory.mktemp("user_code") / "rltf_test_plugin_critics.py"
     path.write_text(PLUGIN)
     load_plugins([str(path)])  # what the driver does before it validates the config
-    ray.init(num_cpus=4, include_dashboard=False)
+    # a job's own runtime_env, as `ray job submit --runtime-env-json` gives one (an API key)
+    ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"RLTF_TEST_JOB_VAR": "from-the-job"}})
     serve.start(http_options={"host": "127.0.0.1", "port": 8134})
     yield str(path)
     serve.shutdown()
@@ -250,7 +252,7 @@ def test_plugin_critics_from_a_file_through_serve(plugin_serve):
     assert {i: (res["reward"], res["correct"], res["format_ok"]) for i, (res, _) in out.items()} == {
         0: (1.25, True, True), 1: (0.75, False, True), 2: (1.75, False, True)}
     assert [out[i][0]["critique"] for i in range(3)] == [
-        f"arithmetic a=40 verdict={v} env=rltf_test_plugin_critics" for v in (True, False, True)]
+        f"arithmetic a=40 verdict={v} env=rltf_test_plugin_critics job=from-the-job" for v in (True, False, True)]
     assert serve.get_app_handle("plug_len").stats.remote().result() == {"batches": 1, "requests": 3}
 
     p = deploy([plugin_serve], "plug_async", "plugin_async")

@@ -45,3 +45,45 @@ def test_two_runs_on_one_ray_keep_their_own_critics(tmp_path):
         runs[1].stop()
         serve.shutdown()
         ray.shutdown()
+
+
+@pytest.mark.integration
+def test_a_workers_own_runtime_env_keeps_the_jobs(tmp_path):
+    """A job's runtime_env (env vars such as API keys, py_modules, pip) must survive in the
+    Serve replicas and the Ray Data / Train workers that set a runtime_env of their own: Ray
+    replaces a parent's py_modules by the child's, and Serve adds only the job's working_dir
+    to a deployment that sets one."""
+    import ray
+
+    from rltf_ray.config import TaskConfig
+    from rltf_ray.plugins import worker_runtime_env
+    from rltf_ray.stages.critique import build_critic_app
+
+    lib = tmp_path / "job_lib"
+    lib.mkdir()
+    (lib / "__init__.py").write_text("X = 1\n")
+    plugin = tmp_path / "iso_plugin.py"
+    plugin.write_text("Y = 2\n")
+    ray.init(num_cpus=1, include_dashboard=False,
+             runtime_env={"env_vars": {"JOB_API_KEY": "k"}, "py_modules": [str(lib)]})
+    try:
+        job_modules = list(ray.get_runtime_context().runtime_env["py_modules"])  # uploaded: gcs:// URIs
+        env = worker_runtime_env([str(plugin)])
+        assert env["env_vars"] == {"JOB_API_KEY": "k", "RLTF_RAY_PLUGINS": "iso_plugin"}
+        assert env["py_modules"][:1] == job_modules and len(env["py_modules"]) == 2
+        replica = build_critic_app(TaskConfig(), CritiqueParams(), plugins=[str(plugin)])._bound_deployment
+        assert replica.ray_actor_options["runtime_env"]["env_vars"]["JOB_API_KEY"] == "k"
+        assert job_modules[0] in replica.ray_actor_options["runtime_env"]["py_modules"]
+
+        @ray.remote(runtime_env=env)
+        def on_worker():
+            import os
+
+            import iso_plugin
+            import job_lib
+
+            return os.environ["JOB_API_KEY"], job_lib.X + iso_plugin.Y
+
+        assert ray.get(on_worker.remote()) == ("k", 3)
+    finally:
+        ray.shutdown()

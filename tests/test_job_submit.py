@@ -67,18 +67,50 @@ def stop_head() -> None:
         time.sleep(1)
 
 
+JOB_CRITIC = """
+import os
+
+import job_lib_mod
+import rltf_ray
+
+
+@rltf_ray.register_critic("job_env_critic")
+class JobEnvCritic:
+    \"\"\"Says what of the job's runtime_env reached its Serve replica.\"\"\"
+
+    def __init__(self, task):
+        self.task = task
+
+    def judge(self, items):
+        out = []
+        for it in items:
+            s = self.task.score(it["response"], it["meta"])
+            out.append({"reward": s.reward, "correct": s.correct,
+                        "critique": f"job var {os.environ.get('RLTF_JOB_VAR')} lib {job_lib_mod.VALUE}"})
+        return out
+"""
+
+
 def test_ray_job_submit_runs_the_pipeline(tmp_path):
+    """A job with a runtime_env of its own (py_modules, env vars) and a plugin critic: the
+    plugin does not clash with the job's py_modules, and its Serve replica keeps the job's."""
     env = head_node()
     ray_cli = str(BIN / "ray")
+    lib = tmp_path / "job_lib_mod"
+    lib.mkdir()
+    (lib / "__init__.py").write_text("VALUE = 41\n")
+    (tmp_path / "job_critic.py").write_text(JOB_CRITIC)
     try:
-        runtime_env = {"excludes": [".venv", ".git", "outputs", "*.parquet", "*.safetensors"]}
+        runtime_env = {"excludes": [".venv", ".git", "outputs", "*.parquet", "*.safetensors"],
+                       "py_modules": [str(lib)], "env_vars": {"RLTF_JOB_VAR": "seen"}}
         for _ in range(6):
             job = subprocess.run(
                 [ray_cli, "job", "submit", "--address", "http://127.0.0.1:8276", "--working-dir", str(ROOT),
                  "--runtime-env-json", json.dumps(runtime_env), "--",
                  "python", "pipelines/run.py", "--config", "pipelines/configs/tiny.yaml",
-                 "--output-dir", str(tmp_path / "job"), "run.steps=1", "run.eval_before_after=false",
-                 "run.serve_http_port=8125"],
+                 "--output-dir", str(tmp_path / "job"), "--plugin", str(tmp_path / "job_critic.py"),
+                 "run.steps=1", "run.eval_before_after=false", "run.serve_http_port=8125",
+                 "pipeline.critic.critic=job_env_critic"],
                 env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
             # `ray start` returns before the head's job agent answers: on a loaded machine a
             # submit right away is refused, and nothing ran; ask again
@@ -90,6 +122,11 @@ def test_ray_job_submit_runs_the_pipeline(tmp_path):
         lines = (tmp_path / "job" / "metrics.jsonl").read_text().splitlines()
         assert json.loads(lines[0])["policy_version"] == 1
         assert (tmp_path / "job" / "checkpoints" / "step_1" / "model.safetensors").is_file()
+        import pyarrow.parquet as pq
+
+        critiques = {r["critique"] for r in pq.read_table(tmp_path / "job" / "rollouts" / "step_0.parquet").to_pylist()
+                     if r["critique"]}
+        assert critiques == {"job var seen lib 41"}, critiques
     finally:
         stop_head()
 

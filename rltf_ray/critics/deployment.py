@@ -142,9 +142,10 @@ def build_critic_app(task_cfg, p, learned: dict | None = None, plugins: Sequence
     autoscaling from the config. The deployment is named after the critic's class (what the
     replica's metrics and actors are tagged with). `learned` (critic 'learned' only):
     {"engine_names", "model_path", "binac"}. `plugins`: the config's plugin modules, imported
-    in the replicas and shipped to them through their runtime_env (Serve gives a replica
-    that sets a runtime_env of its own none of the job's)."""
-    from rltf_ray.plugins import worker_runtime_env
+    in the replicas and shipped to them through their runtime_env, laid over the job's own
+    (`with_job_env`: Serve gives a replica that sets a runtime_env of its own only the job's
+    working_dir)."""
+    from rltf_ray.plugins import with_job_env, worker_runtime_env
 
     cls = get_critic(p.critic)
     context = prepare(cls, p, dict(learned or {}))
@@ -153,7 +154,7 @@ def build_critic_app(task_cfg, p, learned: dict | None = None, plugins: Sequence
         opts = {"autoscaling_config": {"min_replicas": p.min_replicas, "max_replicas": p.max_replicas,
                                        "target_ongoing_requests": p.target_ongoing_requests}}
     actor = {**DEPLOYMENT_OPTIONS["ray_actor_options"], **replica_options(cls, p), "resources": dict(p.resources)}
-    env = _merge_runtime_env(actor.get("runtime_env", {}), worker_runtime_env(list(plugins)))
+    env = with_job_env(_merge_runtime_env(actor.get("runtime_env", {}), worker_runtime_env(list(plugins))))
     if env:
         actor["runtime_env"] = env
     opts["ray_actor_options"] = actor
