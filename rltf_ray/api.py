@@ -133,7 +133,12 @@ class RLTF:
     learner start on the first call that needs them and stay until `stop()`."""
 
     def __init__(self, cfg: C.Config):
+        from rltf_ray.runner import Pipeline
+
         self.config = cfg
+        # Built now, started on first use: every check the command line makes before Ray
+        # starts (the task and its params, the prompt and held-out files) fails in build().
+        self._checked = Pipeline(cfg)
         self._pipe = None
         self._restore_from: str | None = None
         self._stopped = False
@@ -148,7 +153,7 @@ class RLTF:
             if self._restore_from is not None:
                 cfg = dataclasses.replace(cfg, run=dataclasses.replace(
                     cfg.run, output_dir=self._restore_from, resume="must"))
-            self._pipe = Pipeline(cfg)
+            self._pipe = self._checked if self._restore_from is None else Pipeline(cfg)
             self._pipe.start(train=train)
             self._trains = train
             if train:
@@ -233,7 +238,7 @@ def tune_trainable(base: RLTFConfig):
                            param_space={"trainer.lr": tune.grid_search([1e-5, 3e-5])})
     """
     data, overrides = base.to_dict(), list(base._overrides)
-    critic_node = base.resolve().node("critique").name
+    base.resolve()  # a bad config fails here, not in every trial
 
     def trainable(params: dict) -> None:
         import ray
@@ -242,9 +247,8 @@ def tune_trainable(base: RLTFConfig):
 
         ctx = tune.get_context()
         mine = [*overrides, *(f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}" for k, v in params.items()),
-                # every trial has its own folder and critic app (trials may share one Ray)
-                f"run.output_dir={Path(ctx.get_trial_dir()) / 'rltf'}",
-                f"pipeline.{critic_node}.app_name=rltf_critic_{ctx.get_trial_id()}"]
+                # every trial has its own folder (and, as every run, its own critic app)
+                f"run.output_dir={Path(ctx.get_trial_dir()) / 'rltf'}"]
         run = ray.remote(num_cpus=0)(_TrialRun).options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=None)).remote(data, mine)
         try:

@@ -104,6 +104,8 @@ class TrainerConfig:
     realtime: bool = False
 
     def __post_init__(self):
+        if self.weight_sync not in ("object_store", "nccl"):
+            raise ConfigError(f"trainer.weight_sync: expected 'object_store' or 'nccl', got {self.weight_sync!r}")
         if self.lora:
             unknown = set(self.lora) - {"rank", "alpha", "target_modules", "dropout"}
             if unknown:

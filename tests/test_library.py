@@ -203,6 +203,19 @@ def test_api_refuses_misuse_before_starting_anything(tmp_path):
         algo.train()
 
 
+def test_build_runs_the_command_lines_checks_before_ray_starts(tmp_path):
+    import ray
+
+    base = rltf_ray.RLTFConfig.from_yaml(TINY)
+    with pytest.raises(ConfigError, match="task.params"):
+        base.copy().task(params={"no_such_param": 1}).build()
+    with pytest.raises(ConfigError, match="no_such_prompts.jsonl"):
+        base.copy().node("prompts", path=str(tmp_path / "no_such_prompts.jsonl")).build()
+    with pytest.raises(ConfigError, match="trainer.weight_sync: expected 'object_store' or 'nccl'"):
+        base.copy().training(weight_sync="carrier_pigeon").build()
+    assert not ray.is_initialized()
+
+
 def test_eval_path_rows_are_validated_whole(tmp_path):
     from rltf_ray.sources import load_eval_rows
     from rltf_ray.tasks import get_task
