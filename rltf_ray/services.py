@@ -265,6 +265,9 @@ class Services:
         for e in getattr(self, "engines", []) + getattr(self, "critic_engines", []):
             ray.kill(e)
         self.engines, self.critic_engines = [], []
+        if getattr(self, "broker", None) is not None and not (fit is not None and fit.is_alive()):
+            ray.kill(self.broker)  # it holds the last step's rows and weights in the object store
+            self.broker = None
         if getattr(self, "deployed_critic", False):
             serve.delete(self.critic_params.app_name)
             self.deployed_critic = False

@@ -87,3 +87,30 @@ def test_a_workers_own_runtime_env_keeps_the_jobs(tmp_path):
         assert ray.get(on_worker.remote()) == ("k", 3)
     finally:
         ray.shutdown()
+
+
+@pytest.mark.integration
+def test_stop_ends_everything_the_run_started_on_a_ray_that_outlives_it(tmp_path):
+    """On a joined Ray (a notebook's, a cluster's) stop() leaves nothing of the run behind:
+    engines, the step broker (which holds the last step's rows and weights), the critic app."""
+    import ray
+    from ray import serve
+
+    from rltf_ray.loading import load_config
+    from rltf_ray.runner import Pipeline
+
+    ray.init(num_cpus=4, include_dashboard=False)
+    try:
+        p = Pipeline(load_config("pipelines/configs/tiny.yaml", [f"run.output_dir={tmp_path}", "run.steps=1",
+                                                                  "trainer.num_workers=1", "run.serve_http_port=8178"]))
+        p.start()
+        names = [p.broker_name, f"rltf/engine-{p.run_id}-0"]
+        assert all(ray.get_actor(n) for n in names) and p.critic_params.app_name in serve.status().applications
+        p.stop()
+        for n in names:
+            with pytest.raises(ValueError):
+                ray.get_actor(n)
+        assert p.critic_params.app_name not in serve.status().applications
+    finally:
+        serve.shutdown()
+        ray.shutdown()
