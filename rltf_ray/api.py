@@ -26,7 +26,7 @@ import yaml
 
 from rltf_ray import config as C
 from rltf_ray.errors import ConfigError
-from rltf_ray.loading import config_from_data, read_config_file
+from rltf_ray.loading import apply_overrides, config_from_data, read_config_file
 
 SECTIONS = {"model": C.ModelConfig, "task": C.TaskConfig, "engine": C.EngineConfig, "loss": C.LossConfig,
             "trainer": C.TrainerConfig, "run": C.RunConfig, "eval": C.EvalConfig, "binac": C.BinacConfig}
@@ -48,8 +48,9 @@ class RLTFConfig:
         return cls(data)
 
     def to_dict(self) -> dict:
-        """The builder's own data (what a YAML file would hold), not the resolved config."""
-        return copy.deepcopy(self._data)
+        """The builder's settings as a YAML file would hold them, `.node()` and `.override()`
+        ones included (not the resolved config): `from_dict(to_dict())` builds the same run."""
+        return apply_overrides(self._data, self._overrides)
 
     def copy(self) -> "RLTFConfig":
         new = RLTFConfig(self._data)
@@ -135,6 +136,10 @@ class RLTF:
     def __init__(self, cfg: C.Config):
         from rltf_ray.runner import Pipeline
 
+        if cfg.run.max_staleness > 0:
+            raise ConfigError(f"run.max_staleness={cfg.run.max_staleness}: RLTF.train() runs one step at a "
+                              "time, so rollouts cannot overlap training here; run the config with "
+                              "pipelines/run.py, or rltf_ray.runner.run(config.resolve()), for asynchronous rollouts")
         self.config = cfg
         # Built now, started on first use: every check the command line makes before Ray
         # starts (the task and its params, the prompt and held-out files) fails in build().

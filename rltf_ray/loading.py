@@ -3,6 +3,7 @@ validation. Kept apart from rltf_ray/config.py (the typed dataclasses alone) so 
 config does not need the graph, and the graph can import the config."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import typing
@@ -106,8 +107,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: typing.Sequenc
 
 def config_from_data(data: dict, overrides: typing.Sequence[str] = (), preset: str | None = None) -> Config:
     """A validated Config from a config's plain data (as a YAML file holds it), a preset
-    (`preset` wins over the data's own `preset:` key) and `a.b=c` overrides."""
-    data = dict(data)
+    (`preset` wins over the data's own `preset:` key) and `a.b=c` overrides. `data` itself is
+    left as it was."""
+    data = copy.deepcopy(data)
     file_preset = data.pop("preset", None)  # --preset wins over the config's own
     preset = preset or file_preset
     if preset:
@@ -134,6 +136,16 @@ def config_from_data(data: dict, overrides: typing.Sequence[str] = (), preset: s
             if isinstance(n, dict) and n.get("kind") in node_defaults:
                 n["params"] = {**node_defaults[n["kind"]], **(n.get("params") or {})}
     return build_config(data)
+
+
+def apply_overrides(data: dict, overrides: typing.Sequence[str]) -> dict:
+    """`data` with `overrides` written into it, as `config_from_data` applies them (a copy)."""
+    data = copy.deepcopy(data)
+    file_task = (data.get("task") or {}).get("name")
+    for o in overrides:
+        apply_override(data, o)
+    _task_params_follow_the_task(data, file_task, overrides)
+    return data
 
 
 def _task_params_follow_the_task(data: dict, file_task: str | None, overrides: typing.Sequence[str]) -> None:

@@ -216,6 +216,23 @@ def test_build_runs_the_command_lines_checks_before_ray_starts(tmp_path):
     assert not ray.is_initialized()
 
 
+def test_to_dict_round_trips_every_setter_and_resolve_leaves_the_builder_alone():
+    base = (rltf_ray.RLTFConfig.from_yaml(TINY).preset("rltf_fm").training(lr=3e-5)
+            .node("first_turn", temperature=0.5).override("loss.lambda_fm=0.2", "run.steps=3"))
+    before = base.to_dict()
+    resolved = base.resolve()
+    assert base.to_dict() == before  # resolving wrote nothing into the builder
+    again = rltf_ray.RLTFConfig.from_dict(base.to_dict()).resolve()
+    assert again == resolved
+    assert again.loss.lambda_fm == 0.2 and again.run.steps == 3 and again.trainer.lr == 3e-5
+    assert dict(again.node("generate").params)["temperature"] == 0.5
+
+
+def test_the_api_refuses_asynchronous_rollouts_it_cannot_run():
+    with pytest.raises(ConfigError, match=r"run.max_staleness=1: RLTF.train\(\) runs one step at a time"):
+        rltf_ray.RLTFConfig.from_yaml(TINY).run(max_staleness=1).build()
+
+
 def test_eval_path_rows_are_validated_whole(tmp_path):
     from rltf_ray.sources import load_eval_rows
     from rltf_ray.tasks import get_task
