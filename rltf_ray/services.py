@@ -72,7 +72,10 @@ def init_ray(cfg: Config) -> bool:
     # Ray's many-threaded workers then fragment memory badly. Two arenas keep RSS flat.
     extra = {"_metrics_export_port": cfg.run.metrics_export_port} if cfg.run.metrics_export_port else {}
     env = {**plugins, "env_vars": {"MALLOC_ARENA_MAX": "2", **plugins.get("env_vars", {})}}
-    ctx = ray.init(num_cpus=n, include_dashboard=True, dashboard_host="127.0.0.1", runtime_env=env, **extra)
+    # address "local": a Ray of this run's own even where `ray start` left a cluster on the
+    # machine, which a bare ray.init() would join (and then refuse num_cpus)
+    ctx = ray.init(address="local", num_cpus=n, include_dashboard=True, dashboard_host="127.0.0.1",
+                   runtime_env=env, **extra)
     log(f"local Ray started in-process; dashboard at http://{ctx.dashboard_url}")
     return True
 
