@@ -147,10 +147,13 @@ class RLTF:
         self._pipe = None
         self._restore_from: str | None = None
         self._stopped = False
+        self._broken: str | None = None  # why this RLTF cannot go on (an interrupted step)
 
     def _pipeline(self, train: bool = True):
         if self._stopped:
             raise RuntimeError("this RLTF was stopped; build() a new one")
+        if self._broken:
+            raise RuntimeError(self._broken)
         if self._pipe is None:
             from rltf_ray.runner import Pipeline
 
@@ -165,7 +168,7 @@ class RLTF:
                 self._pipe.begin()
         elif train and not self._trains:
             raise RuntimeError("evaluate() before train() started the engines without a learner; "
-                               "call train() first, or build() a new RLTF to train")
+                               "build() a new RLTF to train (and evaluate after its first train())")
         return self._pipe
 
     @property
@@ -178,18 +181,31 @@ class RLTF:
         sync. Returns that step's metrics row (`step` is 0-based). After the last of
         `run.steps`, the run is finished (summary.json, the "after" evaluation)."""
         pipe = self._pipeline()
-        row = pipe.train_step()
+        step = pipe.next_step
+        try:
+            row = pipe.train_step()
+        except BaseException as e:  # KeyboardInterrupt included
+            # The learner may have trained the step while its rollouts and metrics were not
+            # recorded: running it again would pair them with another step's.
+            self._broken = (f"train() was interrupted in step {step + 1} ({type(e).__name__}); the learner may "
+                            "have trained that step without its rollouts and metrics being recorded, so this "
+                            "RLTF cannot go on. stop() it, build() a new RLTF and restore() the output dir "
+                            f"{pipe.out} to continue from its last checkpoint (run.checkpoint_every)")
+            raise
         if pipe.finished:
             pipe.end()
         return row
 
     def evaluate(self) -> dict:
-        """Held-out evaluation of the current policy with every measure `eval` asks for."""
-        return self._pipeline(train=self._pipe is None or self._trains).evaluate()
+        """Held-out evaluation of the current policy with every measure `eval` asks for.
+        Before the first train() it starts the engines and the critic only (no learner)."""
+        return self._pipeline(train=self._pipe is not None and self._trains).evaluate()
 
     def save(self) -> str:
         """Checkpoint the learner's state after the steps trained so far; returns the run's
         output dir, which `restore()` (or `pipelines/run.py --resume`) continues from."""
+        if self._broken:
+            raise RuntimeError(self._broken)
         if self._pipe is None or not self._trains:
             raise RuntimeError("save() before the first train(): nothing is trained yet")
         return self._pipe.save()

@@ -101,12 +101,16 @@ class Pipeline(Services, StepRunner):
         # the code that runs is the code imported at start-up, whatever the checkout holds later
         self.provenance = provenance(self.cfg, self.dtype)
         self.next_step = self.first_step = self.wait_start()
+        # steps whose state this run has checkpointed (a restored run starts from one)
+        self.checkpointed = {self.first_step} if self.first_step else set()
         self.summary = self._summary_so_far(self.next_step)
         stages = tuple(n.name for n in self.order if n.kind in STAGE_KINDS)
         self.tracker, self.t_start = Tracker(self.cfg.run, self.out, stages=stages), time.perf_counter()
 
     def record(self, row: dict) -> None:
         run = self.cfg.run
+        if row.get("seconds_checkpoint"):  # the learner checkpointed after this step
+            self.checkpointed.add(row["step"] + 1)
         with (self.out / "metrics.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
         self.tracker.log(row, row["step"])
@@ -136,8 +140,11 @@ class Pipeline(Services, StepRunner):
         steps_done = self.next_step
         if steps_done is None:
             raise RuntimeError("save() before the first step: nothing is trained yet")
-        if not (self.out / "checkpoints" / f"step_{steps_done}").is_dir():
+        # Checkpointed by this run already, or not at all: a step_N folder that an earlier run
+        # left in the same output dir holds that run's weights, not these.
+        if steps_done not in self.checkpointed:
             self.checkpoint_now(steps_done)
+            self.checkpointed.add(steps_done)
         log(f"checkpoint after step {steps_done}: {self.out / 'checkpoints' / f'step_{steps_done}'}")
         return str(self.out)
 

@@ -233,6 +233,40 @@ def test_the_api_refuses_asynchronous_rollouts_it_cannot_run():
         rltf_ray.RLTFConfig.from_yaml(TINY).run(max_staleness=1).build()
 
 
+def test_after_an_interrupted_step_the_api_refuses_to_go_on(tmp_path):
+    """The state machine of RLTF around a step that did not finish (the pipeline is a stand-in
+    whose step is interrupted; what the real pipeline would have recorded is unknown)."""
+    class Interrupted:
+        next_step, out, finished = 3, tmp_path, False
+
+        def train_step(self):
+            raise KeyboardInterrupt
+
+    algo = rltf_ray.RLTFConfig.from_yaml(TINY).build()
+    algo._pipe, algo._trains = Interrupted(), True
+    with pytest.raises(KeyboardInterrupt):
+        algo.train()
+    for call in (algo.train, algo.evaluate, algo.save):
+        with pytest.raises(RuntimeError, match=rf"interrupted in step 4 \(KeyboardInterrupt\).*restore\(\) the output dir {tmp_path}"):
+            call()
+
+
+def test_save_checkpoints_unless_this_run_already_did(tmp_path):
+    from rltf_ray.runner import Pipeline
+
+    pipe = Pipeline(load_config(TINY, [f"run.output_dir={tmp_path}"]))
+    (tmp_path / "checkpoints" / "step_2").mkdir(parents=True)  # an earlier run's, in the same dir
+    asked = []
+    pipe.checkpoint_now = asked.append
+    pipe.next_step, pipe.checkpointed = 2, set()
+    pipe.save()
+    pipe.save()  # once is enough
+    assert asked == [2]
+    pipe.next_step, pipe.checkpointed = 4, {4}  # the learner checkpointed after step 4 itself
+    pipe.save()
+    assert asked == [2]
+
+
 def test_eval_path_rows_are_validated_whole(tmp_path):
     from rltf_ray.sources import load_eval_rows
     from rltf_ray.tasks import get_task
@@ -281,6 +315,18 @@ def api_config(tmp_path: Path, plugin: Path, held_out: Path | None = None) -> "r
     if held_out is not None:
         config.evaluation(path=str(held_out))
     return config
+
+
+@pytest.mark.integration
+def test_evaluate_before_train_starts_no_learner(tmp_path):
+    algo = (rltf_ray.RLTFConfig.from_yaml(TINY).run(output_dir=str(tmp_path / "run"), serve_http_port=8179)
+            .evaluation(prompts=4).build())
+    with algo:
+        assert algo.evaluate()["problems"] == 4
+        assert getattr(algo._pipe, "fit_thread", None) is None and getattr(algo._pipe, "broker", None) is None
+        assert not (tmp_path / "run" / "metrics.jsonl").exists()  # nothing of a run was written
+        with pytest.raises(RuntimeError, match="evaluate\\(\\) before train\\(\\) started the engines without a learner"):
+            algo.train()
 
 
 @pytest.mark.integration
