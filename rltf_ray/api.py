@@ -250,6 +250,19 @@ class _TrialRun:
         self.algo.stop()
 
 
+def tune_metrics(row: dict, prefix: str = "") -> dict:
+    """A step's metrics row as Tune takes it: the numbers, nested ones (the held-out
+    evaluation of `run.eval_every`) flattened as `eval/greedy_accuracy`, so that trials can be
+    compared and chosen on them."""
+    out = {}
+    for k, v in row.items():
+        if isinstance(v, dict):
+            out.update(tune_metrics(v, f"{prefix}{k}/"))
+        elif isinstance(v, (int, float, bool)):
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def tune_trainable(base: RLTFConfig):
     """A Ray Tune function trainable over `base`: each trial's config maps override keys
     (`"trainer.lr"`, `"pipeline.critic.critic"`) to values, runs `run.steps` steps in the
@@ -274,7 +287,7 @@ def tune_trainable(base: RLTFConfig):
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=None)).remote(data, mine)
         try:
             while (row := ray.get(run.train.remote())) is not None:
-                tune.report({k: v for k, v in row.items() if isinstance(v, (int, float, bool))})
+                tune.report(tune_metrics(row))
         finally:
             ray.get(run.stop.remote())
             ray.kill(run)

@@ -267,6 +267,15 @@ def test_save_checkpoints_unless_this_run_already_did(tmp_path):
     assert asked == [2]
 
 
+def test_tune_reports_the_held_out_results_flattened():
+    from rltf_ray.api import tune_metrics
+
+    row = {"step": 3, "loss": 0.5, "actor_trained": True, "prompt_ids": ["a"], "sample_texts": "x",
+           "eval": {"greedy_accuracy": 0.25, "problems": 64, "sample_texts": ["t"]}, "rows_per_engine": {"0": 32}}
+    assert tune_metrics(row) == {"step": 3, "loss": 0.5, "actor_trained": True, "eval/greedy_accuracy": 0.25,
+                                 "eval/problems": 64, "rows_per_engine/0": 32}
+
+
 def test_eval_path_rows_are_validated_whole(tmp_path):
     from rltf_ray.sources import load_eval_rows
     from rltf_ray.tasks import get_task
