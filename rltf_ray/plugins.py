@@ -33,6 +33,7 @@ from rltf_ray.errors import ConfigError
 ENV = "RLTF_RAY_PLUGINS"
 _loaded: dict[str, str] = {}  # spec -> module name
 _helpers: dict[str, list[str]] = {}  # a plugin file -> the modules beside it that it imported
+_digests: dict[str, str] = {}  # a plugin file or helper -> the content this process imported
 
 
 class PluginError(ConfigError):
@@ -82,6 +83,8 @@ def _import_file(path: Path, name: str):
         del sys.modules[name]
         raise
     _helpers[str(path.resolve())] = _local_modules(set(sys.modules) - before - {name}, Path(folder))
+    for f in [path.resolve(), *(Path(h) for h in _helpers[str(path.resolve())] if Path(h).is_file())]:
+        _digests[str(f)] = _digest(f)
     return module
 
 
@@ -100,12 +103,32 @@ def _local_modules(names: set[str], folder: Path) -> list[str]:
     return sorted(out)
 
 
+def _digest(path: Path) -> str:
+    return hashlib.sha1(path.read_bytes()).hexdigest()
+
+
+def _forget_if_edited(spec: str, name: str) -> None:
+    """A plugin file (or a helper beside it) edited since this process imported it is
+    imported again, so that the driver runs what a rebuilt run ships to the workers."""
+    path = Path(spec).resolve()
+    files = [path, *(Path(h) for h in _helpers.get(str(path), []) if Path(h).is_file())]
+    if all(f.is_file() and _digests.get(str(f)) == _digest(f) for f in files):
+        return
+    stale = {name} | {Path(h).stem if h.endswith(".py") else Path(h).name for h in _helpers.get(str(path), [])}
+    for mod in [m for m in sys.modules if m.split(".")[0] in stale]:
+        del sys.modules[mod]
+    del _loaded[spec]
+
+
 def load_plugin(spec: str) -> str:
-    """Import one plugin (once per process); its module name. Errors name the plugin."""
-    if spec in _loaded:
-        return _loaded[spec]
+    """Import one plugin (once per process, again after its file was edited); its module
+    name. Errors name the plugin."""
     name = module_name(spec)
     shipped = name in os.environ.get(ENV, "").split(",")  # a Ray worker: the driver's snapshot
+    if spec in _loaded and is_path(spec) and not shipped and Path(spec).is_file():
+        _forget_if_edited(spec, name)
+    if spec in _loaded:
+        return _loaded[spec]
     try:
         if is_path(spec) and Path(spec).is_file() and not shipped:
             _import_file(Path(spec), name)

@@ -106,6 +106,26 @@ def test_a_plugins_helpers_beside_it_load_and_ship_with_it(tmp_path):
     assert f"rltf_ray_plugins-{os.getuid()}" in str(shipped["plug_helped_a"])
 
 
+def test_an_edited_plugin_is_imported_again_by_the_next_build(tmp_path):
+    """The driver runs what a rebuilt run ships: the plugin file as it is now."""
+    (tmp_path / "reload_helper.py").write_text("WORD = 'one'\n")
+    path = tmp_path / "plug_reload.py"
+    code = ("import rltf_ray\nfrom reload_helper import WORD\n\n\n@rltf_ray.register_task('reload_probe')\n"
+            "class Probe(rltf_ray.Task):\n    VERSION = {v}\n\n    def make_problem(self, index, split):\n"
+            "        return {{'answer': 1}}\n\n    def prompt_text(self, meta):\n        return WORD\n")
+    path.write_text(code.format(v=1))
+    from rltf_ray.tasks import task_class
+
+    load_plugin(str(path))
+    assert task_class("reload_probe").VERSION == 1
+    load_plugin(str(path))  # unchanged: the same module
+    assert task_class("reload_probe").VERSION == 1
+    path.write_text(code.format(v=2))
+    (tmp_path / "reload_helper.py").write_text("WORD = 'two'\n")
+    load_plugin(str(path))
+    assert task_class("reload_probe").VERSION == 2 and sys.modules["plug_reload"].WORD == "two"
+
+
 @pytest.mark.parametrize("name,why", [("sched", "its name 'sched' is a standard-library module's"),
                                       ("calendar", "a module named 'calendar' is already imported"),
                                       ("yaml", "a module named 'yaml' is already imported")])
