@@ -330,6 +330,13 @@ def test_a_non_editable_install_keeps_presets_and_the_command(tmp_path):
                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(str(target)) and "rltf_sd " in out.stdout and "grpo_single " in out.stdout
+    # the built-in tasks' data ships too: the math task builds from the installed copy
+    assert sorted(p.name for p in (target / "rltf_ray" / "tasks" / "data").glob("*.jsonl")) == [
+        "math_small.jsonl", "writing_prompts.jsonl"]
+    out = subprocess.run([sys.executable, "-c", "import rltf_ray.cli as c, sys; sys.exit(c.main(sys.argv[1:]))",
+                          "--config", TINY, "task.name=math", "--dry-run"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 # -- the Python API end to end, with a task and a critic from a plugin file ---------------------
