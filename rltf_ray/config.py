@@ -29,20 +29,21 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TaskConfig:
-    name: str = "arithmetic"
-    seed: int = 0
+    name: str = "arithmetic"  # a built-in task, one a plugin registers, or rg:<reasoning-gym dataset>
+    seed: int = 0  # the problem generator's seed: which problem each index (and split) is
     # "tag" needs <answer>..</answer>; "last_number" takes the last integer in the text.
     extraction: str = "tag"
-    format_weight: float = 0.1
+    format_weight: float = 0.1  # subtracted from the reward of an answer not in the format
+    # The task's own settings (its default_params; an unknown key is an error).
     params: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    num_engines: int = 1
-    max_model_len: int = 1024
+    num_engines: int = 1  # vLLM engine actors that serve rollouts (each holds the whole model)
+    max_model_len: int = 1024  # tokens of prompt + answer an engine accepts (x1 of a revision included)
     kv_cache_gib: float = 1.0  # a CPU engine's KV cache in GiB (0.5: half of one)
-    enforce_eager: bool = True
+    enforce_eager: bool = True  # no CUDA graphs / torch.compile in vLLM (start-up in seconds on CPU)
     # CPU threads for each engine; vLLM binds them to cores ("0-1"). "auto" = all cores.
     cpu_threads_bind: str = "auto"
     # Custom Ray resources each engine requires (e.g. {engine_node: 1}): dedicated nodes.
@@ -65,7 +66,7 @@ class EngineConfig:
     # GPU engines (trainer.weight_sync=nccl): the share of each GPU vLLM may take (the rest
     # is left to a learner on the same GPU), and GPUs per engine (vLLM tensor parallelism).
     gpu_memory_utilization: float = 0.5
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # GPUs per engine (vLLM tensor parallelism; GPU engines only)
 
     def __post_init__(self):
         if not self.kv_cache_gib > 0:
@@ -83,15 +84,15 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    num_workers: int = 2
-    zero_stage: int = 2
-    bf16: bool = True
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    num_workers: int = 2  # Ray Train workers, each a DeepSpeed rank
+    zero_stage: int = 2  # DeepSpeed ZeRO stage 0-3 (with one worker, 0 needs the least memory)
+    bf16: bool = True  # DeepSpeed's bf16 mode for the learner's forward and backward; false = fp32
+    lr: float = 1e-5  # AdamW learning rate, constant
+    weight_decay: float = 0.0  # AdamW weight decay
+    grad_clip: float = 1.0  # gradient-norm clip per optimizer step
     # Sequences per forward/backward; each step is split into micro-batches of this size.
     micro_batch_size: int = 8
-    cpu_threads_per_worker: int = 1
+    cpu_threads_per_worker: int = 1  # torch threads per training worker (CPU)
     # "object_store" (CPU, verified) or "nccl" (GPU, unverified here).
     weight_sync: str = "object_store"
     # Custom Ray resources each training worker requires (e.g. {trainer_node: 1}).
@@ -135,22 +136,24 @@ class BinacConfig:
     verdict_aware: bool = True  # the critic is told the verifier's verdict r0
     critiques_per_attempt: int = 2  # K: the critic's GRPO group is the K critiques of one attempt
     revisions_per_critique: int = 1  # M: revisions whose rewards are averaged per critique
-    temperature: float = 1.0
-    max_tokens: int = 96
-    num_engines: int = 1
+    temperature: float = 1.0  # the critic's sampling temperature for its K critiques
+    max_tokens: int = 96  # the longest critique the critic may write
+    num_engines: int = 1  # vLLM engines that serve the critic
     # The critic's reward for a critique c of attempt y0: improvement r1 - r0, or outcome r1;
     # plus verdict_bonus when its verdict line agrees with the verifier; format_penalty
     # (instead of the rest) when it has no verdict line; None drops the format requirement
     # (for a critic model too small to write the verdict line, whose rewards would all be the
     # penalty, so that GRPO over its critiques gets no signal at all).
     critic_reward: str = "improvement"
-    verdict_bonus: float = 0.0
+    verdict_bonus: float = 0.0  # added to a critique's reward when its verdict line agrees with the verifier
+    # A critique's reward when it lacks the verdict line; None = no requirement.
     format_penalty: float | None = -1.0
     critique_correct: bool = False  # also critique (for the critic only) correct first answers
     # The bilevel term (docs/objectives.md): the critic's reward is (1 + lambda) * u(current
     # actor) - lambda * u(reference actor), both revising from the same critique; the
     # reference is the actor's weights at the last policy version divisible by reference_every.
     bilevel_lambda: float = 0.0
+    # The reference actor is the actor's weights at the last version divisible by this.
     reference_every: int = 20
     # Schedule. overlap: a cycle of max(actor_steps, critic_steps) RL steps; the actor trains
     # on its first actor_steps, the critic on its last critic_steps (1:1 = both every step).
@@ -158,9 +161,9 @@ class BinacConfig:
     # first actor_steps, then the critic alone on the next critic_steps.
     # critic_steps 0 = a frozen critic, the fixed_critic baseline.
     schedule: str = "overlap"
-    actor_steps: int = 5
-    critic_steps: int = 1
-    lr: float = 1e-5
+    actor_steps: int = 5  # actor updates per schedule cycle
+    critic_steps: int = 1  # critic updates per schedule cycle (0 = a frozen critic)
+    lr: float = 1e-5  # the critic's AdamW learning rate
     zero_stage: int | None = None  # None: the trainer's
     # A critic update whose advantages are all zero trains on nothing; after this many in a
     # row the run stops with the cause (identical critiques, a saturated reward).
@@ -235,11 +238,11 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    steps: int = 2
-    seed: int = 0
-    output_dir: str = "outputs/run"
-    checkpoint_every: int = 0
-    eval_before_after: bool = True
+    steps: int = 2  # RL steps: each generates, critiques, revises and trains once
+    seed: int = 0  # the run's seed: which prompts each step sees, sampling, initialisation
+    output_dir: str = "outputs/run"  # metrics.jsonl, rollouts/, checkpoints/, summary.json go here
+    checkpoint_every: int = 0  # a learner checkpoint every this many steps (0 = only after the last)
+    eval_before_after: bool = True  # held-out evaluation before the first step and after the last
     # Held-out evaluation every this many steps (0 = off), written into metrics.jsonl.
     eval_every: int = 0
     # Asynchronous overlap: step s+1's rollouts are generated while the learner trains on
@@ -262,11 +265,11 @@ class RunConfig:
     tensorboard: bool = True
     # Prometheus port of an embedded Ray's metrics agent (ray_rltf_* gauges); None = Ray's pick.
     metrics_export_port: int | None = None
-    mlflow: str | None = None
-    wandb_project: str | None = None
+    mlflow: str | None = None  # an MLflow tracking URI to log to; None = off
+    wandb_project: str | None = None  # a Weights & Biases project to log to; None = off
     # Logical CPUs for an embedded (in-process) Ray; None = max(8, os.cpu_count()).
     local_num_cpus: int | None = None
-    serve_http_port: int = 8000
+    serve_http_port: int = 8000  # the port of Serve's HTTP proxy (the critic app's routes)
     # Rollout turns: 2 = answer, critique, revision; 1 = single-turn (no critique, no
     # revision); K > 2 repeats critique and revision up to K-1 times while the answer is wrong.
     turns: int = 2

@@ -21,10 +21,10 @@ def check_round(k: int) -> None:
 
 @dataclass(frozen=True)
 class SourceParams:
-    prompts_per_step: int = 8
+    prompts_per_step: int = 8  # distinct prompts per RL step (each sampled n times)
     # JSONL or Parquet with `prompt` and `meta` columns; None = the task's generator.
     path: str | None = None
-    batch_size: int = 64
+    batch_size: int = 64  # rows per Ray Data batch
     # A bad row in `path`: "error" lists every bad row and stops before start-up; "skip"
     # writes them to bad_rows.jsonl, counts them, and trains on the rest.
     on_bad_row: str = "error"
@@ -37,15 +37,15 @@ class SourceParams:
 @dataclass(frozen=True)
 class GenerateParams:
     n: int = 4  # samples per prompt (the group)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 128
-    batch_size: int = 32
+    temperature: float = 1.0  # sampling temperature of first answers (also the SD term's)
+    top_p: float = 1.0  # nucleus sampling (< 1 is refused where the RL ratio trains on the samples)
+    max_tokens: int = 128  # the longest first answer
+    batch_size: int = 32  # rows per Ray Data batch sent to an engine
 
 
 @dataclass(frozen=True)
 class CritiqueParams:
-    critic: str = "programmatic"
+    critic: str = "programmatic"  # programmatic, llm_judge, openai, learned, or a critic a plugin registers
     # The Serve app a run deploys its critic under. None: a name of the run's own,
     # rltf_critic_<run id>, so that runs sharing a cluster never share (or delete) a critic;
     # a name given here must not be running already. With attach: the running app to use
@@ -55,24 +55,24 @@ class CritiqueParams:
     attach: bool = False
     # A correct first answer ends the episode: no critique request and no revision.
     early_termination: bool = True
-    batch_size: int = 32
-    timeout_s: float = 60.0
-    retries: int = 2
-    backoff_s: float = 0.5
-    num_replicas: int = 1
+    batch_size: int = 32  # rows per Ray Data batch (and per request chunk in evaluation)
+    timeout_s: float = 60.0  # seconds a critique request may take before it is retried
+    retries: int = 2  # retries of a failed request, with exponential backoff
+    backoff_s: float = 0.5  # the first retry's wait; it doubles on each retry
+    num_replicas: int = 1  # critic replicas (fixed; see max_replicas for autoscaling)
     # Serve autoscaling: used when max_replicas is set.
     min_replicas: int = 1
-    max_replicas: int | None = None
-    target_ongoing_requests: float = 16.0
-    max_batch_size: int = 64
-    batch_wait_timeout_s: float = 0.01
+    max_replicas: int | None = None  # Serve autoscaling's upper bound; None = a fixed num_replicas
+    target_ongoing_requests: float = 16.0  # Serve autoscaling's target requests per replica
+    max_batch_size: int = 64  # requests a replica judges in one batch (@serve.batch)
+    batch_wait_timeout_s: float = 0.01  # how long a replica waits to fill a batch
     # llm_judge: the judge's own model (any HF folder; "smollm2"/"tiny" = built-in).
     judge_model: str = "smollm2"
-    judge_max_tokens: int = 256
+    judge_max_tokens: int = 256  # llm_judge: the longest critique the judge may write
     # openai: an OpenAI-compatible endpoint; the key is read from env var `api_key_env`.
     base_url: str | None = None
-    model: str | None = None
-    api_key_env: str | None = None
+    model: str | None = None  # openai: the model name the endpoint serves
+    api_key_env: str | None = None  # openai: the env var that holds the API key (never the key itself)
     # A step whose critique requests fail (after retries) above this fraction stops the run
     # with the critic's error: RLTF without critiques would silently be plain GRPO.
     max_failed_fraction: float = 0.2
@@ -111,12 +111,13 @@ class CritiqueParams:
 
 @dataclass(frozen=True)
 class ReviseParams:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 128
+    temperature: float = 1.0  # sampling temperature of revisions
+    top_p: float = 1.0  # nucleus sampling of revisions
+    max_tokens: int = 128  # the longest revision
+    # The user turn that carries the critique; {critique} is replaced.
     template: str = DEFAULT_REVISION_TEMPLATE
-    batch_size: int = 32
-    round: int = 1
+    batch_size: int = 32  # rows per Ray Data batch sent to an engine
+    round: int = 1  # set by run.turns expansion: round k revises after critique k
 
     def __post_init__(self):
         check_round(self.round)
@@ -124,8 +125,8 @@ class ReviseParams:
 
 @dataclass(frozen=True)
 class RewardParams:
-    batch_size: int = 64
-    round: int = 1
+    batch_size: int = 64  # rows per Ray Data batch
+    round: int = 1  # set by run.turns expansion: round k scores revision k
 
     def __post_init__(self):
         check_round(self.round)
