@@ -3,6 +3,7 @@
     rltf-ray --config pipelines/configs/tiny.yaml [--preset rltf_sd] [--plugin my_task.py] [key=value ...]
     rltf-ray --list-presets
     rltf-ray eval --config ... [--model CHECKPOINT] [--feedback-rounds 1] ...
+    rltf-ray check --config ... [--problems 64]   # p0 and p1: can this model use these critiques?
 
 Runs on a Ray started in-process unless RAY_ADDRESS names a cluster (as under `ray job submit`).
 """
@@ -140,6 +141,10 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "eval":
         return eval_main(argv[1:])
+    if argv and argv[0] == "check":
+        from rltf_ray.check import check_main
+
+        return check_main(argv[1:])
     if argv and argv[0] == "run":
         argv = argv[1:]
     return run_main(argv)

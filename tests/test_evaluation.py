@@ -125,6 +125,26 @@ def test_eval_cli_measures_everything_on_distinct_problems(tmp_path, tiny_path):
 
 
 @pytest.mark.integration
+def test_check_prints_the_feedback_gap_with_its_standard_errors():
+    """`rltf-ray check`, the console script `make install` puts beside the interpreter."""
+    import os
+    import re
+    import subprocess
+
+    script = Path(sys.executable).parent / "rltf-ray"
+    out = subprocess.run([str(script), "check", "--config", "pipelines/configs/tiny.yaml", "--problems", "6",
+                          "run.serve_http_port=8163"], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                         env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "feedback gap on 6 held-out problems" in out.stdout
+    p0 = re.search(r"p0  first try \(greedy\)\s+([01]\.\d{3}) ± ([01]\.\d{3})", out.stdout)
+    p1 = re.search(r"p1  after one critique\s+([01]\.\d{3}) ± ([01]\.\d{3})", out.stdout)
+    assert p0 and p1, out.stdout
+    assert float(p1.group(1)) >= float(p0.group(1))  # a right first answer stands
+    assert "can this model use these critiques? " in out.stdout
+
+
+@pytest.mark.integration
 @pytest.mark.slow  # ~4-8 min on 2 cores: `make test-all`
 def test_compare_runner_equal_prompts_table_picture_and_restart(tmp_path, tiny_path, capsys):
     sys.path.insert(0, str(ROOT / "pipelines"))

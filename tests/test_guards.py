@@ -116,3 +116,12 @@ def test_consecutive_dead_critic_updates_stop_the_run():
     with pytest.raises(DeadCriticError, match=r"step 5: 2 critic updates in a row .* identical \(100% of pairs\)"):
         StepRunner.check_critic_update(runner, {**dead, "step": 4})
 
+
+
+def test_the_feedback_gap_verdict():
+    from rltf_ray.check import gap_se, verdict
+
+    assert gap_se(0.5, 5) == pytest.approx((0.25 / 4) ** 0.5)  # binary per-problem differences
+    assert verdict(0.03, 0.69, 64).startswith("yes: one critique lifts accuracy from 0.030 to 0.690")
+    assert verdict(0.30, 0.33, 64).startswith("not yet") and "warmstart.py --revision-demos" in verdict(0.3, 0.33, 64)
+    assert verdict(0.90, 0.99, 64).startswith("little room")
