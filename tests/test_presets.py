@@ -104,7 +104,7 @@ def test_a_failing_critic_stops_the_run_with_its_error(shared_ray, tmp_path, tin
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(CriticFailure, match=r"step 0: \d+ of \d+ critique requests .* failed.*first error"):
+    with pytest.raises(CriticFailure, match=r"step 0: \d+ of \d+ requests to the critic .* failed.*first error"):
         one_step(tmp_path, 8144, "pipeline.critic.critic=openai", f"pipeline.critic.base_url=http://127.0.0.1:{port}/v1",
                  "pipeline.critic.model=m", "pipeline.critic.retries=0", "pipeline.critic.timeout_s=5")
     assert not (tmp_path / "checkpoints" / "step_1").exists()
