@@ -58,14 +58,9 @@ def check_main(argv=None) -> int:
                  "eval.pass_k=[]", "eval.self_feedback_rounds=0"]
     try:
         cfg = load_config(args.config, overrides, preset=args.preset, plugins=args.plugin)
-        from rltf_ray.runner import Pipeline
+        from rltf_ray.runner import evaluate_only
 
-        pipe = Pipeline(cfg)
-        pipe.start(train=False)
-        try:
-            ev = pipe.evaluate()
-        finally:
-            pipe.stop()
+        pipe, ev = evaluate_only(cfg)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

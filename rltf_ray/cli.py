@@ -116,14 +116,9 @@ def eval_main(argv=None) -> int:
     try:
         cfg = load_config(args.config, overrides, plugins=args.plugin)
         from rltf_ray.metrics import eval_line
-        from rltf_ray.runner import Pipeline
+        from rltf_ray.runner import evaluate_only
 
-        pipe = Pipeline(cfg)
-        pipe.start(train=False)
-        try:
-            result = pipe.evaluate()
-        finally:
-            pipe.stop()
+        pipe, result = evaluate_only(cfg)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -209,3 +209,14 @@ class Pipeline(Services, StepRunner):
 
 def run(cfg: Config) -> dict:
     return Pipeline(cfg).run()
+
+
+def evaluate_only(cfg: Config) -> tuple[Pipeline, dict]:
+    """A held-out evaluation of `cfg`'s model with its critic, no learner (`rltf-ray eval`,
+    `rltf-ray check`); the stopped pipeline (its resolved model and critic) and the result."""
+    pipe = Pipeline(cfg)
+    pipe.start(train=False)
+    try:
+        return pipe, pipe.evaluate()
+    finally:
+        pipe.stop()
