@@ -65,8 +65,9 @@ class StepRunner:
         table = self.rollout(step)
         t_roll = time.perf_counter() - t0
         pq.write_table(table, self.out / "rollouts" / f"step_{step}.parquet")
-        check_critique_failures(table.to_pylist(), self.critic_params, run.rounds, step)
-        ray.get(self.broker.put_step.remote(step, [ray.put(table.to_pylist())]))
+        rows = table.to_pylist()  # once: the failure check and the learner read the same rows
+        check_critique_failures(rows, self.critic_params, run.rounds, step)
+        ray.get(self.broker.put_step.remote(step, [ray.put(rows)]))
         return {"step": step, "table": table, "t0": t0, "seconds_rollout": t_roll}
 
     def evaluates_at(self, step: int) -> bool:
