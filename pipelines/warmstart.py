@@ -74,7 +74,7 @@ def main(argv=None) -> int:
         init_ray(cfg)
         try:
             engines = start_engines(model, cfg.engine, resolve_dtype(cfg.model.dtype, False), cfg.run.seed)
-            demos, sampled = revision_demos(engines, model, task, rev.template, start + args.format_demos,
+            demos, sampled = revision_demos(engines, model, task, rev.template or task.revision_template, start + args.format_demos,
                                             args.revision_demos, gen.temperature, gen.max_tokens)
         finally:
             ray.shutdown()

@@ -69,11 +69,26 @@ class RLTFConfig:
         return self._section("model", values)
 
     def task(self, name: str | None = None, **values) -> "RLTFConfig":
-        """Another task starts from its own params: the config's were its task's."""
+        """Another task starts from its own params: the config's were its task's.
+        `reward_funcs` may hold functions: each is named by its module, which ships as a plugin."""
+        if "reward_funcs" in values:
+            values["reward_funcs"] = [f if isinstance(f, str) else self._reward_ref(f) for f in values["reward_funcs"]]
         current = self._data.get("task") or {}
         if name and name != current.get("name") and "params" not in values:
             values["params"] = {}
         return self._section("task", {**({"name": name} if name else {}), **values})
+
+    def _reward_ref(self, fn) -> str:
+        module = getattr(fn, "__module__", None)
+        if not callable(fn) or not module or "<" in fn.__qualname__:
+            raise ConfigError(f"task.reward_funcs: {fn!r} is not a module-level function; Ray workers "
+                              "import reward functions by name")
+        if module == "__main__":
+            raise ConfigError(f"task.reward_funcs: {fn.__qualname__} is defined in the script being run "
+                              "(__main__), which Ray workers cannot import; move it to a module of its own")
+        if module not in self._data.get("plugins", []) and not module.startswith("rltf_ray."):
+            self.plugins(module)
+        return f"{module}:{fn.__qualname__}"
 
     def engine(self, **values) -> "RLTFConfig":
         return self._section("engine", values)

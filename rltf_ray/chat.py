@@ -2,24 +2,34 @@
 from __future__ import annotations
 
 import functools
+import json
 
-# The revision prompt's default (the revise node's `template`).
-DEFAULT_REVISION_TEMPLATE = (
-    "Here is feedback on your previous answer:\n{critique}\n\n"
-    "Using this feedback, solve the problem again. Give your final answer as <answer>...</answer>."
-)
+
+def revision_template(answer_format: str | None) -> str:
+    """The user turn that carries a critique, asking for the task's answer format."""
+    ask = f" Give your final answer as {answer_format}." if answer_format else ""
+    return ("Here is feedback on your previous answer:\n{critique}\n\n"
+            "Using this feedback, solve the problem again." + ask)
+
+
+# The revision prompt of the tasks that answer in <answer> tags (the built-in ones but math).
+DEFAULT_REVISION_TEMPLATE = revision_template("<answer>...</answer>")
 
 FM_INSTRUCTION = ("You are given a question and your previous attempt below. "
                   "Your task is to provide a critique of the attempt.")
 
 
-def first_turn_messages(prompt: str) -> list[dict]:
-    return [{"role": "user", "content": prompt}]
+def first_turn_messages(row: dict) -> list[dict]:
+    """x0: a prompt row's chat messages (its `messages` column: a chat prompt, or a system
+    prompt before the question), else its `prompt` as one user turn."""
+    if row.get("messages"):
+        return json.loads(row["messages"])
+    return [{"role": "user", "content": row["prompt"]}]
 
 
-def revision_messages(prompt: str, exchanges: list[tuple[str, str]], template: str) -> list[dict]:
+def revision_messages(row: dict, exchanges: list[tuple[str, str]], template: str) -> list[dict]:
     """x_k = [x0, y0, c0, ..., y_{k-1}, c_{k-1}] from the (attempt, critique) exchanges."""
-    msgs = [{"role": "user", "content": prompt}]
+    msgs = first_turn_messages(row)
     for response, critique in exchanges:
         msgs += [{"role": "assistant", "content": response},
                  {"role": "user", "content": template.format(critique=critique)}]

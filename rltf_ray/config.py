@@ -6,6 +6,7 @@ offending key in its error, so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -36,6 +37,36 @@ class TaskConfig:
     format_weight: float = 0.1  # subtracted from the reward of an answer not in the format
     # The task's own settings (its default_params; an unknown key is an error).
     params: dict = field(default_factory=dict)
+    # Reward functions as TRL or verl write them, 'module:function' or 'file.py:function'
+    # (rltf_ray/tasks/rewards.py): they replace a task's scoring, and task.name becomes
+    # reward_funcs. Prompts then come from a file.
+    reward_funcs: list = field(default_factory=list)
+    reward_weights: list | None = None  # one weight per reward function; None = 1 each
+    # reward_funcs: an answer whose weighted reward reaches this counts as correct (accuracy,
+    # and which answers get critiqued).
+    correct_threshold: float = 1.0
+
+    def __post_init__(self):
+        if not self.reward_funcs:
+            if self.reward_weights is not None:
+                raise ConfigError("task.reward_weights: set without task.reward_funcs")
+            return
+        if self.name == "arithmetic":  # the default: reward functions name the task themselves
+            object.__setattr__(self, "name", "reward_funcs")
+        if self.name != "reward_funcs":
+            raise ConfigError(f"task.reward_funcs replace the task's own scoring; task.name must be "
+                              f"reward_funcs or left unset (got {self.name!r})")
+        w = self.reward_weights
+        if w is not None and (len(w) != len(self.reward_funcs) or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in w)):
+            raise ConfigError(f"task.reward_weights: expected {len(self.reward_funcs)} numbers (one per "
+                              f"reward function), got {w!r}")
+        if not math.isfinite(self.correct_threshold):
+            raise ConfigError("task.correct_threshold: must be a finite number")
+        from rltf_ray.tasks.rewards import resolve
+
+        for ref in self.reward_funcs:  # a missing module or a wrong signature fails here, before start
+            resolve(ref)
 
 
 @dataclass(frozen=True)
@@ -87,11 +118,22 @@ class TrainerConfig:
     num_workers: int = 2  # Ray Train workers, each a DeepSpeed rank
     zero_stage: int = 2  # DeepSpeed ZeRO stage 0-3 (with one worker, 0 needs the least memory)
     bf16: bool = True  # DeepSpeed's bf16 mode for the learner's forward and backward; false = fp32
-    lr: float = 1e-5  # AdamW learning rate, constant
+    lr: float = 1e-5  # AdamW learning rate (the peak, under a schedule)
+    # constant, linear or cosine: from lr after the warmup down to lr * min_lr_ratio at
+    # run.steps, set once per RL step (rltf_ray.learner.lr_at)
+    lr_schedule: str = "constant"
+    lr_warmup_steps: int = 0  # RL steps of linear warmup: step s trains at lr * (s+1)/(warmup+1)
+    min_lr_ratio: float = 0.0  # the decayed schedules' floor, as a fraction of lr
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # gradient-norm clip per optimizer step
-    # Sequences per forward/backward; each step is split into micro-batches of this size.
+    # Sequences per forward/backward on one worker; gradients accumulate over micro-batches.
     micro_batch_size: int = 8
+    # Sequences per optimizer step, all workers together (verl's ppo_mini_batch_size): an RL
+    # step's sequences, shuffled, make ceil(n / mini_batch_size) optimizer steps. None: one.
+    mini_batch_size: int | None = None
+    # Recompute activations in the backward pass (HF gradient checkpointing): less memory for
+    # long sequences, about a third more compute.
+    gradient_checkpointing: bool = False
     cpu_threads_per_worker: int = 1  # torch threads per training worker (CPU)
     # "object_store" (CPU, verified) or "nccl" (GPU, unverified here).
     weight_sync: str = "object_store"
@@ -105,6 +147,13 @@ class TrainerConfig:
     realtime: bool = False
 
     def __post_init__(self):
+        if self.lr_schedule not in ("constant", "linear", "cosine"):
+            raise ConfigError(f"trainer.lr_schedule: expected constant, linear or cosine, got {self.lr_schedule!r}")
+        if self.lr_warmup_steps < 0 or not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError("trainer.lr_warmup_steps must be >= 0 and trainer.min_lr_ratio in [0, 1]")
+        if self.micro_batch_size < 1 or (self.mini_batch_size is not None and self.mini_batch_size < 1):
+            raise ConfigError(f"trainer.micro_batch_size and mini_batch_size must be >= 1 "
+                              f"(got {self.micro_batch_size}, {self.mini_batch_size})")
         if self.weight_sync not in ("object_store", "nccl"):
             raise ConfigError(f"trainer.weight_sync: expected 'object_store' or 'nccl', got {self.weight_sync!r}")
         if self.lora:

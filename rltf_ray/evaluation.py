@@ -75,7 +75,7 @@ class Evaluator:
 
     def _x0(self, rows: list[dict]) -> list[list[int]]:
         tok = load_tokenizer(self.model_path)
-        return [encode(tok, first_turn_messages(r["prompt"])) for r in rows]
+        return [encode(tok, first_turn_messages(r)) for r in rows]
 
     def _greedy(self, prompts: list[list[int]], max_tokens: int | None = None) -> list[str]:
         outs = generate(self.engines, prompts, 1, 0.0, max_tokens or self.max_tokens)
@@ -116,7 +116,7 @@ class Evaluator:
 
     def _revise(self, rows: list[dict], exchanges: list[list[tuple[str, str]]], which: list[int]) -> dict:
         tok = load_tokenizer(self.model_path)
-        prompts = [encode(tok, revision_messages(rows[i]["prompt"], exchanges[i], self.revision_template))
+        prompts = [encode(tok, revision_messages(rows[i], exchanges[i], self.revision_template))
                    for i in which]
         return dict(zip(which, self._greedy(prompts))) if which else {}
 

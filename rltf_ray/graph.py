@@ -6,136 +6,12 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from rltf_ray.chat import DEFAULT_REVISION_TEMPLATE
 from rltf_ray.config import Config, ConfigError, NodeSpec, _build
-
-
-
-def check_round(k: int) -> None:
-    if k < 1:
-        raise ConfigError(f"round: must be >= 1, got {k}")
-
-
-@dataclass(frozen=True)
-class SourceParams:
-    prompts_per_step: int = 8  # distinct prompts per RL step (each sampled n times)
-    # JSONL or Parquet with `prompt` and `meta` columns; None = the task's generator.
-    path: str | None = None
-    batch_size: int = 64  # rows per Ray Data batch
-    # A bad row in `path`: "error" lists every bad row and stops before start-up; "skip"
-    # writes them to bad_rows.jsonl, counts them, and trains on the rest.
-    on_bad_row: str = "error"
-
-    def __post_init__(self):
-        if self.on_bad_row not in ("error", "skip"):
-            raise ConfigError(f"on_bad_row: expected error or skip, got {self.on_bad_row!r}")
-
-
-@dataclass(frozen=True)
-class GenerateParams:
-    n: int = 4  # samples per prompt (the group)
-    temperature: float = 1.0  # sampling temperature of first answers (also the SD term's)
-    top_p: float = 1.0  # nucleus sampling (< 1 is refused where the RL ratio trains on the samples)
-    max_tokens: int = 128  # the longest first answer
-    batch_size: int = 32  # rows per Ray Data batch sent to an engine
-
-
-@dataclass(frozen=True)
-class CritiqueParams:
-    critic: str = "programmatic"  # programmatic, llm_judge, openai, learned, or a critic a plugin registers
-    # The Serve app a run deploys its critic under. None: a name of the run's own,
-    # rltf_critic_<run id>, so that runs sharing a cluster never share (or delete) a critic;
-    # a name given here must not be running already. With attach: the running app to use
-    # (None: rltf_critic, the name serve/critic.yaml deploys).
-    app_name: str | None = None
-    # Attach to an already running critic app of that name instead of deploying one.
-    attach: bool = False
-    # A correct first answer ends the episode: no critique request and no revision.
-    early_termination: bool = True
-    batch_size: int = 32  # rows per Ray Data batch (and per request chunk in evaluation)
-    timeout_s: float = 60.0  # seconds a critique request may take before it is retried
-    retries: int = 2  # retries of a failed request, with exponential backoff
-    backoff_s: float = 0.5  # the first retry's wait; it doubles on each retry
-    num_replicas: int = 1  # critic replicas (fixed; see max_replicas for autoscaling)
-    # Serve autoscaling: used when max_replicas is set.
-    min_replicas: int = 1
-    max_replicas: int | None = None  # Serve autoscaling's upper bound; None = a fixed num_replicas
-    target_ongoing_requests: float = 16.0  # Serve autoscaling's target requests per replica
-    max_batch_size: int = 64  # requests a replica judges in one batch (@serve.batch)
-    batch_wait_timeout_s: float = 0.01  # how long a replica waits to fill a batch
-    # llm_judge: the judge's own model (any HF folder; "smollm2"/"tiny" = built-in).
-    judge_model: str = "smollm2"
-    judge_max_tokens: int = 256  # llm_judge: the longest critique the judge may write
-    # openai: an OpenAI-compatible endpoint; the key is read from env var `api_key_env`.
-    base_url: str | None = None
-    model: str | None = None  # openai: the model name the endpoint serves
-    api_key_env: str | None = None  # openai: the env var that holds the API key (never the key itself)
-    # A step whose critique requests fail (after retries) above this fraction stops the run
-    # with the critic's error: RLTF without critiques would silently be plain GRPO.
-    max_failed_fraction: float = 0.2
-    # The critic class's own constructor arguments: a plugin critic is built as
-    # Cls(task, **critic_params); the built-ins take their settings from the params above.
-    critic_params: dict = field(default_factory=dict)
-    # llm_judge and openai: their prompt templates, a mapping or the path of a YAML/JSON file
-    # of one (keys and placeholders: rltf_ray.critics.judge_prompts); unset keys keep the defaults.
-    judge_prompts: dict | str | None = None
-    # Custom Ray resources each critic replica (and a learned critic's engine) requires, so
-    # that a cluster can dedicate nodes to the critic, e.g. {critic_node: 1}.
-    resources: dict = field(default_factory=dict)
-    round: int = 1  # set by `run.turns` expansion; round k critiques the turn k-1 attempt
-
-    def __post_init__(self):
-        check_round(self.round)
-        if not 0.0 <= self.max_failed_fraction <= 1.0:
-            raise ConfigError(f"max_failed_fraction: must be in [0, 1], got {self.max_failed_fraction}")
-        # the registry holds the built-ins and the plugins' critics (the driver imports the
-        # plugins before validating; a Ray worker imports them on its first unknown name)
-        from rltf_ray.critics import get_critic
-        from rltf_ray.critics.base import check_critic_params
-        from rltf_ray.critics.judge_prompts import resolve_judge_prompts
-
-        check_critic_params(self.critic, get_critic(self.critic), self.critic_params)
-        if self.judge_prompts is not None:
-            if self.critic not in ("llm_judge", "openai"):
-                raise ConfigError(f"judge_prompts: only the llm_judge and openai critics use them "
-                                  f"(critic is {self.critic!r})")
-            resolve_judge_prompts(self.judge_prompts)  # a missing file or a bad template fails here
-        if self.critic == "openai" and not (self.base_url and self.model):
-            raise ConfigError("critic 'openai' needs base_url and model")
-        if self.retries < 0 or self.timeout_s <= 0:
-            raise ConfigError("retries must be >= 0 and timeout_s > 0")
-
-
-@dataclass(frozen=True)
-class ReviseParams:
-    temperature: float = 1.0  # sampling temperature of revisions
-    top_p: float = 1.0  # nucleus sampling of revisions
-    max_tokens: int = 128  # the longest revision
-    # The user turn that carries the critique; {critique} is replaced.
-    template: str = DEFAULT_REVISION_TEMPLATE
-    batch_size: int = 32  # rows per Ray Data batch sent to an engine
-    round: int = 1  # set by run.turns expansion: round k revises after critique k
-
-    def __post_init__(self):
-        check_round(self.round)
-
-
-@dataclass(frozen=True)
-class RewardParams:
-    batch_size: int = 64  # rows per Ray Data batch
-    round: int = 1  # set by run.turns expansion: round k scores revision k
-
-    def __post_init__(self):
-        check_round(self.round)
-
-
-@dataclass(frozen=True)
-class TrainParams:
-    pass
-
+from rltf_ray.nodes import (CritiqueParams, GenerateParams, ReviseParams, RewardParams,  # noqa: F401
+                            SourceParams, TrainParams, check_round)  # (re-exported: the graph's params)
 
 # The learned critic's (Bi-NAC) columns, round 1 only: its K critiques of the attempt, the
 # K x M revisions made with them by the current actor (and, with the bilevel term, by the
@@ -156,9 +32,9 @@ class NodeKind:
 
 
 KINDS: dict[str, NodeKind] = {
-    "source": NodeKind((), ("step", "prompt_id", "prompt", "meta"), SourceParams,
+    "source": NodeKind((), ("step", "prompt_id", "prompt", "messages", "meta"), SourceParams,
                        "prompt rows for one RL step (file or task generator)"),
-    "generate": NodeKind(("prompt",), ("sample_idx", "prompt_ids", "response", "response_ids",
+    "generate": NodeKind(("prompt", "messages"), ("sample_idx", "prompt_ids", "response", "response_ids",
                                        "response_logprobs", "policy_version", "engine"), GenerateParams,
                          "first turn: N vLLM samples per prompt"),
     "critique": NodeKind(("prompt", "response", "meta"),
@@ -166,7 +42,7 @@ KINDS: dict[str, NodeKind] = {
                           "critique_asked", "critique_failed", "critique_error", "critic_disagrees", "revised",
                           *CRITIC_CRITIQUE), CritiqueParams,
                          "reward r0 and critique c0 from the Serve critic"),
-    "revise": NodeKind(("prompt", "response", "critique", "revised"),
+    "revise": NodeKind(("prompt", "messages", "response", "critique", "revised"),
                        ("revision_prompt_ids", "revision", "revision_ids", "revision_logprobs",
                         "revision_cached_tokens", "revised", "context_overflow", *CRITIC_REVISE),
                        ReviseParams, "second turn: one revision y1 from x1=[x0,y0,c0]"),
@@ -208,7 +84,7 @@ def columns(kind: str, k: int = 1) -> tuple[tuple[str, ...], tuple[str, ...]]:
     writes = tuple(round_col(c, k) for c in spec.writes if c not in FIRST_TURN_SCORE + CRITIC_COLUMNS)
     earlier = [c for kd in ROUND_KINDS[:ROUND_KINDS.index(kind)] for c in columns(kd, k)[1]]
     previous = [round_col(c, k - 1) for c in ("revised", "revision", "reward_second", "correct_second")]
-    return ("prompt", "meta", *previous, *earlier), writes
+    return ("prompt", "messages", "meta", *previous, *earlier), writes
 
 
 def expand_rounds(cfg: Config) -> Config:

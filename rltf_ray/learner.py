@@ -4,10 +4,23 @@ state that goes into a Ray Train checkpoint."""
 from __future__ import annotations
 
 import json
+import math
 import os
 
+from rltf_ray.config import Config, TrainerConfig
 
-from rltf_ray.config import Config
+
+def lr_at(step: int, t: TrainerConfig, total_steps: int) -> float:
+    """The learning rate of RL step `step` (0-based) of `total_steps`: a linear warmup over
+    `lr_warmup_steps` (step s at lr * (s+1)/(warmup+1)), then `lr_schedule` from lr down
+    towards lr * min_lr_ratio, reached at `total_steps` (constant: lr throughout)."""
+    if step < t.lr_warmup_steps:
+        return t.lr * (step + 1) / (t.lr_warmup_steps + 1)
+    if t.lr_schedule == "constant":
+        return t.lr
+    progress = min((step - t.lr_warmup_steps) / max(total_steps - t.lr_warmup_steps, 1), 1.0)
+    shape = 1.0 - progress if t.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    return t.lr * (t.min_lr_ratio + (1.0 - t.min_lr_ratio) * shape)
 
 
 def deepspeed_config(cfg: Config) -> dict:
@@ -44,11 +57,17 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 def build_model(model_path: str, cfg: Config):
-    """The trainable model: the HF model, or it wrapped with LoRA adapters (only they train)."""
+    """The trainable model: the HF model, or it wrapped with LoRA adapters (only they train).
+    Loaded in bf16 under `trainer.bf16` (DeepSpeed casts it so anyway, keeping fp32 master
+    weights in the optimizer; loading it so halves the load's peak memory), else fp32."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=torch.bfloat16 if cfg.trainer.bf16 else torch.float32)
+    if cfg.trainer.gradient_checkpointing:  # recompute activations in backward: memory for time
+        model.config.use_cache = False
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = cfg.trainer.lora
     if lora:
         from peft import LoraConfig, get_peft_model

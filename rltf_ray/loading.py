@@ -15,7 +15,7 @@ import yaml
 from rltf_ray.config import DEFAULT_PIPELINE, Config, _build
 from rltf_ray.errors import ConfigError
 from rltf_ray.graph import expand_rounds, validate
-from rltf_ray.plugins import is_path, load_plugins
+from rltf_ray.plugins import is_path, load_plugins, module_name
 
 
 def _parse_scalar(text: str) -> Any:
@@ -168,9 +168,30 @@ def _absolute_plugins(data: dict) -> None:
                            else p for p in plugins]
 
 
+def _reward_plugins(data: dict) -> None:
+    """A reward function given as 'path/to/file.py:function' ships its file as a plugin and is
+    named by the plugin's module ('file:function') from then on."""
+    task = data.get("task")
+    funcs = task.get("reward_funcs") if isinstance(task, dict) else None
+    if not isinstance(funcs, list):
+        return
+    refs = []
+    for ref in funcs:
+        path, _, fn = ref.rpartition(":") if isinstance(ref, str) else ("", "", ref)
+        if path.endswith(".py"):
+            if not Path(path).is_file():
+                raise ConfigError(f"task.reward_funcs: file not found: {path} (from {ref!r})")
+            if path not in (data.get("plugins") or []):
+                data["plugins"] = [*(data.get("plugins") or []), path]
+            ref = f"{module_name(path)}:{fn}"
+        refs.append(ref)
+    data["task"] = {**task, "reward_funcs": refs}
+
+
 def build_config(data: dict) -> Config:
     """A validated Config from a plain dict: plugins are imported first (they register the
     tasks and critics that validation looks up), then the graph is expanded and checked."""
+    _reward_plugins(data)
     _absolute_plugins(data)
     plugins = data.get("plugins") or []
     if not isinstance(plugins, list):

@@ -38,20 +38,46 @@ def cache_dir() -> Path:
     return Path(os.environ.get("RLTF_MODEL_CACHE", Path.home() / ".cache" / "rltf_ray" / "models"))
 
 
-def resolve_model(path: str) -> str:
-    """Map the built-in names to their cache folders; other values pass through."""
+def hub_model(path: str, key: str) -> str:
+    """A Hub id the run can load: in the local Hugging Face cache, or on a reachable hub;
+    otherwise a ConfigError before anything starts (rather than a failure inside an actor)."""
+    import huggingface_hub as hf
+    from huggingface_hub import constants
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    if isinstance(hf.try_to_load_from_cache(path, "config.json"), str):
+        return path
+    where = f"{key} '{path}': not in the local Hugging Face cache ({constants.HF_HUB_CACHE})"
+    local = f"point {key} at a local model folder (one with config.json)"
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise ConfigError(f"{where}, and HF_HUB_OFFLINE is set. Download it into that cache first, or {local}")
+    try:
+        hf.model_info(path, timeout=10)
+    except GatedRepoError:  # it exists; the nodes' own token decides
+        return path
+    except RepositoryNotFoundError:
+        raise ConfigError(f"{key} '{path}': no such model on the Hugging Face Hub; {local}") from None
+    except Exception as e:  # no network, a proxy, a DNS failure: all the same to the user
+        raise ConfigError(f"{where}, and the hub cannot be reached ({type(e).__name__}). Without network, "
+                          f"set HF_HUB_OFFLINE=1 with the model in that cache, or {local}") from None
+    return path
+
+
+def resolve_model(path: str, key: str = "model.path") -> str:
+    """Map the built-in names to their cache folders and relative folders to absolute ones;
+    a Hub id must be loadable (`hub_model`). Driver side: it may ask the hub."""
     if path in BUILT_IN:
         folder = cache_dir() / path
         if not (folder / "config.json").is_file():
-            raise ConfigError(f"model.path '{path}': {folder} is not built; run "
+            raise ConfigError(f"{key} '{path}': {folder} is not built; run "
                               f"`.venv/bin/python -m rltf_ray.models {path}` (or `make models`)")
         return str(folder)
     hub_id = path.count("/") == 1 and not path.startswith((".", "/", "~")) and not Path(path).exists()
     if hub_id:  # "org/name": a Hub model, fetched by vLLM and transformers where they run
-        return path
+        return hub_model(path, key)
     if os.path.sep in path or path.startswith(".") or Path(path).is_dir():
         if not (Path(path) / "config.json").is_file():
-            raise ConfigError(f"model.path '{path}': no config.json there (an HF model folder is expected)")
+            raise ConfigError(f"{key} '{path}': no config.json there (an HF model folder is expected)")
         # absolute: Ray Train workers and engine actors do not share the driver's working dir
         return str(Path(path).resolve())
     return path

@@ -347,6 +347,8 @@ SUM_KEYS = tuple(f"loss_{t}" for t in TERMS) + (
     "clipped_tokens", "corrected_tokens", "sd_tokens", "sd_tokens_masked", "is_w_sum",
     "is_w_sq_sum", "train_tokens")
 MAX_KEYS = ("logprob_abs_diff_max", "is_w_max")
+# the sampler-vs-trainer agreement: measured before a step's first optimizer step only
+MISMATCH_KEYS = ("mismatch_tokens", "logprob_abs_diff_sum", "mismatch_kl_sum", "logprob_abs_diff_max")
 
 
 def loss_terms(logp: torch.Tensor, b: Batch, norms: dict[str, float], cfg: Config,

@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 
 from rltf_ray import metrics as M
 from rltf_ray.provenance import provenance
-from rltf_ray.config import Config
+from rltf_ray.config import Config, ConfigError
 from rltf_ray.graph import node_params, validate
 from rltf_ray.models import weights_sha256
 from rltf_ray.services import STOP_WAIT_S, Services, log
-from rltf_ray.sources import PromptSource, load_eval_rows
+from rltf_ray.sources import PromptSource, load_eval_rows, with_system
 from rltf_ray.steps import STAGE_KINDS, StepRunner
 from rltf_ray.tasks import get_task
 
@@ -38,11 +38,17 @@ class Pipeline(Services, StepRunner):
         super().__init__(cfg)
         self.order = validate(cfg)
         self.task = get_task(cfg.task)
-        self.source = PromptSource(self.task, node_params(cfg.node("source")), cfg.run.steps, cfg.run.seed,
-                                   self._prompt_fits())
+        source = node_params(cfg.node("source"))
+        self.source = PromptSource(self.task, source, cfg.run.steps, cfg.run.seed, self._prompt_fits(),
+                                   key=f"pipeline.{cfg.node('source').name}.path")
         self.final_eval: dict | None = None  # the last step's evaluation, when it is the "after" one
         # a held-out file is validated whole before anything starts
-        self.held_out = load_eval_rows(self.task, cfg.eval.path, cfg.eval.prompts) if cfg.eval.path else None
+        self.held_out = (load_eval_rows(self.task, cfg.eval.path, cfg.eval.prompts, source) if cfg.eval.path
+                         else with_system(self.task.held_out(cfg.eval.prompts), source.system_prompt)
+                         if self.task.generates else None)
+        if self.held_out is None:
+            raise ConfigError(f"eval.path: task '{self.task.name}' has no problem generator, so its held-out "
+                              "problems must come from a file: set eval.path (the same row shape as the prompts)")
         self.next_step: int | None = None  # set by begin()
 
     def _prompt_fits(self):
@@ -54,8 +60,8 @@ class Pipeline(Services, StepRunner):
         tok = load_tokenizer(self.model_path)
         max_tokens, limit = node_params(self.cfg.node("generate")).max_tokens, self.cfg.engine.max_model_len
 
-        def fits(prompt: str) -> str:
-            n = len(encode(tok, first_turn_messages(prompt)))
+        def fits(row: dict) -> str:
+            n = len(encode(tok, first_turn_messages(row)))
             return "" if n + max_tokens <= limit else (
                 f"the prompt is {n} tokens; with max_tokens={max_tokens} it exceeds engine.max_model_len={limit}")
 

@@ -118,7 +118,8 @@ class Services:
         self.cfg = cfg
         self.model_path = resolve_model(cfg.model.path)
         learned = node_params(cfg.node("critique")).critic == "learned"
-        self.critic_model = resolve_model(cfg.binac.critic_model or cfg.model.path) if learned else None
+        critic_key = "binac.critic_model" if cfg.binac.critic_model else "model.path"
+        self.critic_model = resolve_model(cfg.binac.critic_model or cfg.model.path, critic_key) if learned else None
         self.out = Path(cfg.run.output_dir).resolve()
         self.use_gpu = cfg.trainer.weight_sync == "nccl"
         self.dtype = resolve_dtype(cfg.model.dtype, self.use_gpu)

@@ -1,12 +1,16 @@
-"""Prompt rows for each RL step, from a JSONL/Parquet file or the task's generator.
+"""Prompt rows for each RL step, from a file, a local Hugging Face dataset folder or the
+task's generator.
 
-A prompt file is validated whole, before Ray starts, and every bad row is reported with its
-line, id and reason: bytes that are not UTF-8, a line that is not a JSON object, a missing,
-empty or non-string `prompt`, a missing `meta` or one the task cannot score (the task's own
-solution must score as correct against it), a null or duplicate `prompt_id`, and a prompt
-too long for the engine's context with the first turn's `max_tokens`. With
-`source.on_bad_row: error` (the default) the run stops with the list; with `skip` the bad rows
-go to `bad_rows.jsonl` beside the run's outputs, are counted, and the rest train."""
+A prompt file (JSONL, Parquet, or a folder written by `datasets.save_to_disk`) is validated
+whole, before Ray starts, and every bad row is reported with its file, line, id and reason:
+bytes that are not UTF-8, a line that is not a JSON object, a missing or empty prompt (a
+string, or a list of chat messages ending with a user turn), a `meta` the task cannot score
+(the task's own solution must score as correct against it), a null or duplicate id, a mapped
+column that is missing, and a prompt too long for the engine's context with the first turn's
+`max_tokens`. The columns are the source node's to name (`prompt_key`, `id_key`, `meta_keys`;
+docs/data.md). With `on_bad_row: error` (the default) the run stops with the list; with
+`skip` the bad rows go to `bad_rows.jsonl` beside the run's outputs, are counted, and the
+rest train."""
 from __future__ import annotations
 
 import json
@@ -19,6 +23,8 @@ from rltf_ray.tasks import Task
 
 SEED_STRIDE = 100_000  # generator problems per seed before two seeds' streams meet
 MAX_LISTED = 20  # bad rows named in the error; all of them go to bad_rows.jsonl with skip
+ROLES = ("system", "user", "assistant")
+_MISSING = object()
 
 
 @dataclass
@@ -27,12 +33,36 @@ class PromptFile:
     bad: list[dict] = field(default_factory=list)  # {"line", "prompt_id", "reason", "raw"}
 
 
-def _raw_lines(p: Path) -> list[tuple[int, object, str]]:
-    """(line, parsed JSON or an error reason string wrapped in Exception, raw text)."""
-    if p.suffix == ".parquet":
-        import pyarrow.parquet as pq
+def _dataset_folder(p: Path, key: str) -> list[dict]:
+    """The rows of a `datasets.save_to_disk` folder, read with pyarrow (its Arrow stream files
+    in the order its state.json lists them): nothing is fetched, and `datasets` is not needed."""
+    import pyarrow as pa
 
-        return [(i + 1, r, json.dumps(r, default=str)[:2000]) for i, r in enumerate(pq.read_table(p).to_pylist())]
+    if (p / "dataset_dict.json").is_file():
+        splits = json.loads((p / "dataset_dict.json").read_text()).get("splits", [])
+        raise ConfigError(f"{key}: {p} holds several splits ({', '.join(splits)}); point it at one, "
+                          f"e.g. {p / (splits[0] if splits else 'train')}")
+    if not (p / "state.json").is_file():
+        raise ConfigError(f"{key}: {p} is a folder but not a Hugging Face dataset saved with "
+                          "save_to_disk (no state.json); give a .jsonl or .parquet file, or that folder")
+    files = [f["filename"] for f in json.loads((p / "state.json").read_text()).get("_data_files", [])]
+    rows: list[dict] = []
+    for name in files:
+        with pa.OSFile(str(p / name)) as f:
+            rows += pa.ipc.open_stream(f).read_all().to_pylist()
+    return rows
+
+
+def _raw_lines(p: Path, key: str) -> list[tuple[int, object, str]]:
+    """(line, parsed JSON or an error reason string wrapped in Exception, raw text)."""
+    if p.is_dir() or p.suffix == ".parquet":
+        if p.is_dir():
+            table = _dataset_folder(p, key)
+        else:
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(p).to_pylist()
+        return [(i + 1, r, json.dumps(r, default=str)[:2000]) for i, r in enumerate(table)]
     out = []
     for i, line in enumerate(p.read_bytes().split(b"\n"), start=1):
         if not line.strip():
@@ -49,48 +79,121 @@ def _raw_lines(p: Path) -> list[tuple[int, object, str]]:
     return out
 
 
-def _row_problem(task: Task, r: object, line: int) -> tuple[dict | None, str]:
+def _chat(prompt: list, col: str) -> tuple[list | None, str]:
+    """(the messages, "") or (None, why a chat prompt is malformed)."""
+    for i, m in enumerate(prompt):
+        if not (isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str)):
+            return None, (f"'{col}' message {i} must be {{'role': system|user|assistant, "
+                          f"'content': str}}, got {json.dumps(m, default=str)[:120]}")
+    if not prompt or prompt[-1]["role"] != "user" or not prompt[-1]["content"].strip():
+        return None, f"'{col}' as chat messages must end with a non-empty user message"
+    return [{"role": m["role"], "content": m["content"]} for m in prompt], ""
+
+
+def x0_messages(prompt: str, chat: list | None, system: str | None) -> str:
+    """The `messages` column: x0 as chat messages (JSON), with the system prompt first unless
+    the chat prompt has its own; "" when x0 is the prompt alone."""
+    msgs = chat or [{"role": "user", "content": prompt}]
+    if system and not any(m["role"] == "system" for m in msgs):
+        msgs = [{"role": "system", "content": system}] + msgs
+    return json.dumps(msgs) if (chat or system) else ""
+
+
+def with_system(rows: list[dict], system: str | None) -> list[dict]:
+    """Generated rows (the task's own prompts) with the configured system prompt."""
+    if not system:
+        return rows
+    return [{**r, "messages": r.get("messages") or x0_messages(r["prompt"], None, system)} for r in rows]
+
+
+def _column(r: dict, path: str):
+    """A column by name, or a dotted path into nested objects (reward_model.ground_truth)."""
+    if path in r:
+        return r[path]
+    v = r
+    for part in path.split("."):
+        if not isinstance(v, dict) or part not in v:
+            return _MISSING
+        v = v[part]
+    return v
+
+
+def _meta(r: dict, params: SourceParams, where: str) -> tuple[dict | None, str]:
+    if params.meta_keys is not None:
+        m = params.meta_keys
+        pairs = m.items() if isinstance(m, dict) else [(c, c) for c in m]
+        meta = {}
+        for k, col in pairs:
+            meta[k] = _column(r, col)
+            if meta[k] is _MISSING:
+                return None, f"missing column '{col}' (named in {where}.meta_keys)"
+        return meta, ""
+    if "meta" in r:
+        meta = r["meta"]
+        if isinstance(meta, str):
+            try:
+                meta = json.loads(meta)
+            except json.JSONDecodeError:
+                return None, "'meta' is a string but not JSON"
+        if not isinstance(meta, dict):
+            return None, "'meta' must be an object (the ground truth)"
+        return meta, ""
+    return {k: v for k, v in r.items() if k not in (params.prompt_key, params.id_key)}, ""
+
+
+def _row_problem(task: Task, r: object, line: int, params: SourceParams, where: str) -> tuple[dict | None, str]:
     """(row, "") or (None, the reason it is bad)."""
     if isinstance(r, Exception):
         return None, str(r)
     if not isinstance(r, dict):
         return None, "a prompt row must be a JSON object"
-    prompt, meta = r.get("prompt"), r.get("meta")
-    if not isinstance(prompt, str) or not prompt.strip():
-        return None, "missing, empty or non-string 'prompt'"
-    if isinstance(meta, str):
-        try:
-            meta = json.loads(meta)
-        except json.JSONDecodeError:
-            return None, "'meta' is a string but not JSON"
-    if not isinstance(meta, dict):
-        return None, "missing 'meta' object (the ground truth)"
+    col = params.prompt_key
+    prompt, chat = r.get(col), None
+    if isinstance(prompt, list):
+        chat, reason = _chat(prompt, col)
+        if chat is None:
+            return None, reason
+        text = chat[-1]["content"]
+    elif isinstance(prompt, str) and prompt.strip():
+        text = prompt
+    else:
+        return None, (f"missing, empty or non-string '{col}' (a string or a list of chat messages; "
+                      f"{where}.prompt_key names the column)")
+    meta, reason = _meta(r, params, where)
+    if meta is None:
+        return None, reason
+    if task.scores_prompt:  # reward functions get the prompt as the file has it (TRL's shapes)
+        meta = {**meta, "_prompt": prompt}
     reason = task.validate_meta(meta)
     if reason:
         return None, f"meta: {reason}"
-    pid = r.get("prompt_id", f"row-{line}")
+    pid = r.get(params.id_key, f"row-{line}")
     if pid is None or (isinstance(pid, str) and not pid.strip()):
-        return None, "null or empty 'prompt_id'"
-    return {"prompt_id": str(pid), "prompt": prompt, "meta": json.dumps(meta, sort_keys=True)}, ""
+        return None, f"null or empty '{params.id_key}'"
+    return {"prompt_id": str(pid), "prompt": text, "messages": x0_messages(text, chat, params.system_prompt),
+            "meta": json.dumps(meta, sort_keys=True, default=str)}, ""
 
 
-def read_prompt_file(path: str, task: Task, fits=None, key: str = "source.path") -> PromptFile:
-    """Every row of the file, validated; `fits(prompt) -> reason or ""` checks its length."""
+def read_prompt_file(path: str, task: Task, fits=None, key: str = "pipeline.prompts.path",
+                     params: SourceParams | None = None) -> PromptFile:
+    """Every row of the file, validated; `fits(row) -> reason or ""` checks its length."""
     p = Path(path)
-    if not p.is_file():
+    params = params or SourceParams()
+    if not p.exists():
         raise ConfigError(f"{key}: file not found: {p}")
-    if p.suffix not in (".jsonl", ".json", ".parquet"):
-        raise ConfigError(f"{key}: {p} must end in .jsonl or .parquet")
+    if not p.is_dir() and p.suffix not in (".jsonl", ".json", ".parquet"):
+        raise ConfigError(f"{key}: {p} must end in .jsonl or .parquet, or be a dataset folder")
+    where = key.rsplit(".", 1)[0] if key.endswith(".path") else "pipeline.prompts"
     out = PromptFile([])
     seen: dict[str, int] = {}
-    for line, r, raw in _raw_lines(p):
-        row, reason = _row_problem(task, r, line)
+    for line, r, raw in _raw_lines(p, key):
+        row, reason = _row_problem(task, r, line, params, where)
         if row is not None and row["prompt_id"] in seen:
             reason = f"duplicate prompt_id {row['prompt_id']!r} (first on line {seen[row['prompt_id']]})"
         elif row is not None and fits is not None:
-            reason = fits(row["prompt"])
+            reason = fits(row)
         if reason:
-            pid = r.get("prompt_id") if isinstance(r, dict) else None
+            pid = r.get(params.id_key) if isinstance(r, dict) else None
             out.bad.append({"line": line, "prompt_id": pid, "reason": reason, "raw": raw})
             continue
         seen[row["prompt_id"]] = line
@@ -98,19 +201,20 @@ def read_prompt_file(path: str, task: Task, fits=None, key: str = "source.path")
     return out
 
 
-def bad_rows_error(path: str, bad: list[dict], key: str = "source.path") -> ConfigError:
+def bad_rows_error(path: str, bad: list[dict], key: str = "pipeline.prompts.path") -> ConfigError:
     listed = "\n".join(f"  {path}:{b['line']} (prompt_id {b['prompt_id']!r}): {b['reason']}" for b in bad[:MAX_LISTED])
     more = f"\n  ... and {len(bad) - MAX_LISTED} more" if len(bad) > MAX_LISTED else ""
-    fix = ("Fix them, or set pipeline.prompts.on_bad_row=skip to train on the rest "
-           "(the bad rows then go to bad_rows.jsonl)." if key == "source.path" else
+    fix = (f"Fix them, or set {key.rsplit('.', 1)[0]}.on_bad_row=skip to train on the rest "
+           "(the bad rows then go to bad_rows.jsonl)." if key != "eval.path" else
            "Fix them: a held-out set is scored whole, never with rows left out.")
     return ConfigError(f"{key}: {len(bad)} bad row(s) in {path}:\n{listed}{more}\n{fix}")
 
 
-def load_eval_rows(task: Task, path: str, limit: int) -> list[dict]:
-    """The held-out problems of `eval.path` (the prompt-file format), validated whole: any bad
-    row is an error, and the first `limit` rows are used."""
-    got = read_prompt_file(path, task, key="eval.path")
+def load_eval_rows(task: Task, path: str, limit: int, params: SourceParams | None = None) -> list[dict]:
+    """The held-out problems of `eval.path`, read with the training prompts' column mapping and
+    system prompt (`params`), validated whole: any bad row is an error, and the first `limit`
+    rows are used."""
+    got = read_prompt_file(path, task, key="eval.path", params=params)
     if got.bad:
         raise bad_rows_error(path, got.bad, key="eval.path")
     if not got.rows:
@@ -124,23 +228,27 @@ class PromptSource:
     problems from seed x 100,000 on, or a seeded permutation of a finite training split or of
     a prompt file's rows."""
 
-    def __init__(self, task: Task, params: SourceParams, steps: int, seed: int = 0, fits=None):
+    def __init__(self, task: Task, params: SourceParams, steps: int, seed: int = 0, fits=None,
+                 key: str = "pipeline.prompts.path"):
         self.task, self.params, self.seed = task, params, seed
         self.file_rows, self.bad_rows = None, []
         if params.path:
-            got = read_prompt_file(params.path, task, fits)
+            got = read_prompt_file(params.path, task, fits, key, params)
             if got.bad and params.on_bad_row == "error":
-                raise bad_rows_error(params.path, got.bad)
+                raise bad_rows_error(params.path, got.bad, key)
             self.file_rows, self.bad_rows = got.rows, got.bad
             if not self.file_rows:
-                raise ConfigError(f"source.path: {params.path} has no usable prompt rows")
+                raise ConfigError(f"{key}: {params.path} has no usable prompt rows")
             if len(self.file_rows) < params.prompts_per_step:
-                raise ConfigError(f"source.path: {len(self.file_rows)} usable rows, fewer than "
+                raise ConfigError(f"{key}: {len(self.file_rows)} usable rows, fewer than "
                                   f"prompts_per_step={params.prompts_per_step}")
             if seed:
                 import random
 
                 random.Random(seed).shuffle(self.file_rows)
+        elif not task.generates:
+            raise ConfigError(f"{key}: task '{task.name}' has no problem generator (its prompts come from "
+                              f"your data); set {key} to a JSONL, Parquet or dataset folder")
 
     def write_bad_rows(self, out: Path) -> None:
         if self.bad_rows:
@@ -164,8 +272,9 @@ class PromptSource:
     def rows_for_step(self, step: int) -> list[dict]:
         n = self.params.prompts_per_step
         if self.file_rows is None:
-            rows = [next(self.task.rows("train", self._index(step * n + i), 1)) for i in range(n)]
+            rows = with_system([next(self.task.rows("train", self._index(step * n + i), 1)) for i in range(n)],
+                               self.params.system_prompt)
         else:
             total = len(self.file_rows)
             rows = [self.file_rows[(step * n + i) % total] for i in range(n)]
-        return [{**r, "step": step} for r in rows]
+        return [{"messages": "", **r, "step": step} for r in rows]

@@ -39,7 +39,8 @@ class StepRunner:
                                                   self.cfg.engine.max_model_len),
                   "critique": lambda: make_critique(self.cfg.task, replace(p, app_name=critic.app_name),
                                                     self.cfg.run.turns, self.cfg.binac.critique_correct),
-                  "revise": lambda: make_revise(self.engines, self.model_path, p, node.name,
+                  "revise": lambda: make_revise(self.engines, self.model_path,
+                                              replace(p, template=p.template or self.task.revision_template), node.name,
                                               self.cfg.engine.max_model_len,
                                               self.cfg.binac.revisions_per_critique,
                                               self.cfg.binac.bilevel_lambda > 0),
@@ -162,7 +163,8 @@ class StepRunner:
         E = self.cfg.eval
         return Evaluator(self.engines, self.model_path, self.task, score, critique,
                          gen.temperature if E.temperature is None else E.temperature, gen.max_tokens,
-                         node_params(self.cfg.node("revise")).template, E.critique_max_tokens,
+                         node_params(self.cfg.node("revise")).template or self.task.revision_template,
+                         E.critique_max_tokens,
                          critic.max_failed_fraction)
 
     def evaluate(self, full: bool = True) -> dict:
@@ -170,7 +172,7 @@ class StepRunner:
         greedy first-turn accuracy (the cheap in-training curve). The problems are the
         task's test split, or the rows of `eval.path`."""
         E = self.cfg.eval
-        rows = self.held_out or self.task.held_out(E.prompts)
+        rows = self.held_out
         out = self.evaluator().run(rows, E.pass_k if full else [], E.samples,
                                    E.feedback_rounds if full else 0, E.self_feedback_rounds if full else 0,
                                    greedy=E.greedy or not full)

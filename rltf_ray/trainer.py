@@ -20,10 +20,10 @@ import ray
 
 from rltf_ray.config import Config
 from rltf_ray.loading import config_from_dict
-from rltf_ray.objectives import (MAX_KEYS, RL_TERMS, SUM_KEYS, TERMS, Example, build_critic_examples,
+from rltf_ray.objectives import (MAX_KEYS, MISMATCH_KEYS, RL_TERMS, SUM_KEYS, TERMS, Example, build_critic_examples,
                                  build_examples, micro_loss, mismatch_sums, sequence_logprobs,
                                  step_normalisers, trained_examples)
-from rltf_ray.learner import Learner, full_state_dict, load_train_state, save_train_state
+from rltf_ray.learner import Learner, full_state_dict, load_train_state, lr_at, save_train_state
 from rltf_ray.memory import peak_rss_gb
 from rltf_ray.realtime import make_realtime
 
@@ -126,12 +126,53 @@ def reduce_metrics(sums: dict[str, float], cfg: Config, lambda_sd: float) -> dic
     return m
 
 
+def mini_batches(examples: list[Example], size: int | None, step: int) -> list[list[Example]]:
+    """The step's examples in optimizer steps of `size` sequences (all workers together),
+    shuffled by the step's seed so that each holds a mix of terms; None: one, in order."""
+    if not size or size >= len(examples):
+        return [examples]
+    import random
+
+    order = list(examples)
+    random.Random(step).shuffle(order)  # the same on every rank
+    return [order[i:i + size] for i in range(0, len(order), size)]
+
+
 def optimize(engine, ref_model, examples: list[Example], cfg: Config, pad_id: int, step: int,
              rank: int, world: int) -> dict:
+    """The RL step's optimizer steps (`trainer.mini_batch_size`; one by default) at the
+    step's learning rate (`lr_at`). The step's metrics: each loss term averaged over the
+    optimizer steps, token counts summed, the sampler-vs-trainer gap from the first."""
+    lr = lr_at(step, cfg.trainer, cfg.run.steps)
+    for group in engine.optimizer.param_groups:  # DeepSpeed's wrappers share the base optimizer's groups
+        group["lr"] = lr
+    parts = mini_batches(examples, cfg.trainer.mini_batch_size, step)
+    sums: dict[str, float] = {}
+    seconds = {"seconds_side_logprobs": 0.0, "seconds_forward_backward": 0.0, "seconds_optimizer": 0.0}
+    for i, part in enumerate(parts):
+        got, took = optimizer_step(engine, ref_model, part, cfg, pad_id, step, rank, world)
+        for k, v in got.items():
+            if i and k in MISMATCH_KEYS:  # after an update this step, a gap is the update's, not the sampler's
+                continue
+            sums[k] = max(sums.get(k, 0.0), v) if k in MAX_KEYS else sums.get(k, 0.0) + v
+        seconds = {k: seconds[k] + took[k] for k in seconds}
+    if len(parts) > 1:
+        sums = {k: v / len(parts) if k.startswith("loss_") else v for k, v in sums.items()}
+    dev = next(engine.module.parameters()).device
+    if global_max(int(any(e.term in RL_TERMS for e in trained_examples(examples, cfg))), dev) == 0:
+        sums.update(monitor_sample(examples, engine, cfg, pad_id, rank, world, dev))
+    metrics = reduce_metrics(sums, cfg, cfg.loss.lambda_sd_at(step))
+    # this rank's split of seconds_train (where a learner's time goes: docs/benchmarks.md)
+    return {**metrics, **seconds, "lr": lr, "optimizer_steps": len(parts)}
+
+
+def optimizer_step(engine, ref_model, examples: list[Example], cfg: Config, pad_id: int, step: int,
+                   rank: int, world: int) -> tuple[dict, dict]:
     """One optimizer step of `engine` on `examples` (a collective on every rank): shard them,
     fill the no-grad side log-probs, accumulate micro-batch gradients, check the loss, step.
     A non-finite loss raises NonFiniteLoss on every rank before the optimizer step, so the
-    weights and the version never advance on a broken step."""
+    weights and the version never advance on a broken step. (This rank's loss shares and
+    token sums, its seconds.)"""
     norms = step_normalisers(examples, cfg)
     mine = shard_examples(trained_examples(examples, cfg), rank, world)
     # gloo (CPU) and NCCL (GPU) both reduce tensors on the worker's own device
@@ -157,8 +198,6 @@ def optimize(engine, ref_model, examples: list[Example], cfg: Config, pad_id: in
             loss = engine(input_ids=dummy).logits.sum() * 0.0
         # DeepSpeed averages gradients over ranks; scale back to a sum of shares.
         engine.backward(loss * world, scale_wrt_gas=False)
-    if global_max(int(any(e.term in RL_TERMS for e in mine)), dev) == 0:
-        sums.update(monitor_sample(examples, engine, cfg, pad_id, rank, world, dev))
     t2 = time.perf_counter()
     metrics = reduce_metrics(sums, cfg, lambda_sd)
     if not math.isfinite(metrics["loss"]):
@@ -167,10 +206,8 @@ def optimize(engine, ref_model, examples: list[Example], cfg: Config, pad_id: in
                             "the optimizer step was not taken")
     t3 = time.perf_counter()
     engine.step()
-    # this rank's split of seconds_train (where a learner's time goes: docs/benchmarks.md)
-    metrics.update({"seconds_side_logprobs": t1 - t0, "seconds_forward_backward": t2 - t1,
-                    "seconds_optimizer": time.perf_counter() - t3})
-    return metrics
+    return sums, {"seconds_side_logprobs": t1 - t0, "seconds_forward_backward": t2 - t1,
+                  "seconds_optimizer": time.perf_counter() - t3}
 
 
 def learn_step(engine, ref_model, rows: list[dict], cfg: Config, tokenizer, pad_id: int, step: int,

@@ -24,12 +24,20 @@ import torch
 from rltf_ray.chat import encode, first_turn_messages, load_tokenizer, pad_id, revision_messages
 
 
+def demonstration(task, meta: dict) -> str:
+    demo = task.demonstration(meta)
+    if demo is None:
+        raise ValueError(f"task {task.name}: a problem without a reference answer (meta.answer) gives no "
+                         "warm-start demonstration")
+    return demo
+
+
 def format_demos(task, start: int, count: int) -> list[tuple[list[dict], str]]:
     """(conversation, target) pairs: the training problem's prompt and a correct solution."""
     out = []
     for row in task.rows("train", start, count):
         meta = json.loads(row["meta"])
-        out.append((first_turn_messages(row["prompt"]), task.demonstration(meta)))
+        out.append((first_turn_messages(row), demonstration(task, meta)))
     return out
 
 
@@ -45,7 +53,7 @@ def wrong_attempts(engine, model_path: str, task, start: int, count: int, temper
     while len(out) < count and seen < count * 20:
         rows = list(task.rows("train", i, 32))
         i += 32
-        prompts = [encode(tok, first_turn_messages(r["prompt"])) for r in rows]
+        prompts = [encode(tok, first_turn_messages(r)) for r in rows]
         res = ray.get(engine.generate.remote(prompts, n=samples, temperature=temperature, top_p=1.0,
                                              max_tokens=max_tokens))
         for row, group in zip(rows, res["outputs"]):
@@ -67,8 +75,8 @@ def revision_demos(engines: list, model_path: str, task, template: str, start: i
     training problems start.. and the task's programmatic critique of each."""
     wrong, stats = wrong_attempts(engines[0], model_path, task, start, count, temperature, max_tokens, samples)
     stats.pop("next_problem")
-    return [(revision_messages(row["prompt"], [(text, task.critique(text, meta))], template),
-             task.demonstration(meta)) for row, text, meta in wrong], stats
+    return [(revision_messages(row, [(text, task.critique(text, meta))], template),
+             demonstration(task, meta)) for row, text, meta in wrong], stats
 
 
 def critic_demos(task, b, attempts: list) -> list[tuple[list[dict], str]]:

@@ -213,7 +213,7 @@ def test_critic_revisions_by_both_actors_and_an_x1_too_long_counts_instead_of_fa
     from rltf_ray.graph import ReviseParams
     from rltf_ray.stages.rollout import make_revise
 
-    revise = make_revise([reference_engine], tiny_path, ReviseParams(max_tokens=8), "revision", 160,
+    revise = make_revise([reference_engine], tiny_path, ReviseParams(max_tokens=8, template="Feedback: {critique}"), "revision", 160,
                          critic_revisions=2, bilevel=True)
     base = {"prompt_id": "p", "prompt": "2 + 2?", "response": "5", "gen_tokens": 1, "gen_seconds": 0.0}
     rows = [{**base, "critique": "short", "revised": True, "critic_critiques": ["short", "too long " * 80]},

@@ -6,13 +6,13 @@ import torch
 
 from rltf_ray.chat import FM_INSTRUCTION, encode, first_turn_messages, fm_messages, revision_messages
 from rltf_ray.config import Config, LossConfig
-from rltf_ray.graph import DEFAULT_REVISION_TEMPLATE
+from rltf_ray.chat import DEFAULT_REVISION_TEMPLATE
 from rltf_ray.objectives import Example, build_examples, collate, micro_loss, step_normalisers
 
 
 def test_revision_prompt_has_x0_y0_c0_in_turn_order(tiny_tokenizer):
     tok = tiny_tokenizer
-    ids = encode(tok, revision_messages("What is 2 + 3?", [("<answer>6</answer>", "too high")],
+    ids = encode(tok, revision_messages({"prompt": "What is 2 + 3?"}, [("<answer>6</answer>", "too high")],
                                         DEFAULT_REVISION_TEMPLATE))
     text = tok.decode(ids)
     expected = ("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"
@@ -20,7 +20,7 @@ def test_revision_prompt_has_x0_y0_c0_in_turn_order(tiny_tokenizer):
                 + DEFAULT_REVISION_TEMPLATE.format(critique="too high")
                 + "<|im_end|>\n<|im_start|>assistant\n")
     assert text == expected
-    x0 = encode(tok, first_turn_messages("What is 2 + 3?"))
+    x0 = encode(tok, first_turn_messages({"prompt": "What is 2 + 3?"}))
     assert ids[:len(x0) - 3] == x0[:len(x0) - 3]  # x1 starts with x0's user turn
 
 

@@ -137,13 +137,13 @@ def test_every_bad_prompt_row_is_reported_with_line_id_and_reason(tmp_path):
            (r if isinstance(r, str) else json.dumps(r)).encode() for r in rows]
     path = tmp_path / "p.jsonl"
     path.write_bytes(b"\n".join(raw) + b"\n")
-    fits = lambda p: "the prompt is too long" if len(p) > 300 else ""  # noqa: E731
+    fits = lambda r: "the prompt is too long" if len(r["prompt"]) > 300 else ""  # noqa: E731
     with pytest.raises(ConfigError) as err:
         PromptSource(task, SourceParams(path=str(path), prompts_per_step=1), 1, fits=fits)
     msg = str(err.value)
     assert "10 bad row(s)" in msg and "on_bad_row=skip" in msg
     for line, reason in [(2, "not valid UTF-8"), (3, "not valid JSON"), (4, "must be a JSON object"),
-                         (5, "non-string 'prompt'"), (6, "missing 'meta'"), (7, "missing 'b', 'op', 'answer'"),
+                         (5, "non-string 'prompt'"), (6, "missing 'a', 'b', 'op', 'answer'"), (7, "missing 'b', 'op', 'answer'"),
                          (8, "does not verify as correct"), (9, "null or empty 'prompt_id'"),
                          (10, "duplicate prompt_id 'a' (first on line 1)"), (11, "too long")]:
         assert f"p.jsonl:{line} " in msg and reason in msg, (line, reason, msg)
@@ -165,7 +165,31 @@ def test_a_relative_model_folder_resolves_to_an_absolute_path(tmp_path, monkeypa
     assert resolve_model("m") == str(tmp_path / "m") and resolve_model("./m") == str(tmp_path / "m")
     with pytest.raises(ConfigError, match="no config.json"):
         resolve_model("./missing")
-    assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+
+def test_a_hub_id_must_be_cached_or_reachable_before_anything_starts(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from rltf_ray.models import resolve_model
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match=r"model.path 'org/absent': not in the local Hugging Face cache .*"
+                                          r"HF_HUB_OFFLINE is set.*point model.path at a local model folder"):
+        resolve_model("org/absent")
+    # in the cache (the layout huggingface_hub writes): loadable offline, passed through as an id
+    snap = tmp_path / "hub" / "models--org--cached" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (tmp_path / "hub" / "models--org--cached" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--cached" / "refs" / "main").write_text("abc123")
+    assert resolve_model("org/cached") == "org/cached"
+    # no network here and no offline flag: the hub cannot be reached, said as such
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens: unreachable anywhere
+    with pytest.raises(ConfigError, match=r"judge_model 'org/absent'.*the hub cannot be reached.*HF_HUB_OFFLINE=1"):
+        resolve_model("org/absent", "judge_model")
 
 
 def test_top_p_below_one_is_refused_where_the_ratio_trains():

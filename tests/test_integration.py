@@ -67,7 +67,8 @@ def run(tmp_path_factory, tiny_path):
                       [f"run.output_dir={out}", "run.steps=2", f"run.serve_http_port={PORT}",
                        "run.checkpoint_every=1", "loss.lambda_fm=0.1", f"run.metrics_export_port={METRICS}",
                        "run.eval_every=1", "eval.feedback_rounds=1", "engine.block_size=32",
-                       "engine.nice=5"])
+                       "engine.nice=5", "trainer.mini_batch_size=24", "trainer.lr_schedule=linear",
+                       "trainer.lr_warmup_steps=1"])
     p = Pipeline(cfg)
     p.start()
     try:
@@ -169,7 +170,15 @@ def test_losses_finite_and_metrics_keys(run):
         parts = ("seconds_examples", "seconds_side_logprobs", "seconds_forward_backward", "seconds_optimizer")
         assert m["seconds_forward_backward"] > 0 and m["seconds_optimizer"] > 0
         assert sum(m[k] for k in parts) <= m["seconds_train"]
-    assert [m["policy_version"] for m in lines] == [1, 2]
+    assert [m["policy_version"] for m in lines] == [1, 2]  # one weight push per RL step
+    # several optimizer steps per RL step (trainer.mini_batch_size=24), at the schedule's rate
+    from rltf_ray.learner import lr_at
+
+    for m in lines:
+        n = sum(m[f"examples_{t}"] for t in ("rl0", "rl1", "sd", "fm", "sft"))
+        assert m["optimizer_steps"] == math.ceil(n / 24) >= 2
+        assert m["lr"] == pytest.approx(lr_at(m["step"], run["cfg"].trainer, 2))
+    assert lines[0]["lr"] == pytest.approx(run["cfg"].trainer.lr / 2)  # warmup: (0+1)/(1+1)
     # what the run was: the code, both precisions, the resolved loss and the learning rate
     prov = run["summary"]["provenance"]
     assert prov["engine_dtype"] in ("bfloat16", "float32") and prov["learner_dtype"] == "bfloat16"  # tiny.yaml

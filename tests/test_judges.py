@@ -187,6 +187,28 @@ def judge_ray():
     os.environ.pop("RLTF_TEST_JUDGE_KEY")
 
 
+def test_the_judges_engine_and_resources_come_from_the_config(tiny_path):
+    from rltf_ray.config import ConfigError
+    from rltf_ray.critics.judges import LLMJudgeCritic, engine_options
+
+    cpu = CritiqueParams(critic="llm_judge", judge_model=tiny_path, judge_num_cpus=4, judge_dtype="float32",
+                         judge_kv_cache_gib=6, judge_max_model_len=8192)
+    opts = LLMJudgeCritic.replica_options(cpu)
+    assert opts["num_cpus"] == 4 and "num_gpus" not in opts
+    assert "VLLM_CPU_OMP_THREADS_BIND" in opts["runtime_env"]["env_vars"]
+    assert engine_options(cpu) == {"kv_cache_gib": 6}
+    assert LLMJudgeCritic.prepare(cpu, {})["dtype"] == "float32"
+    gpu = CritiqueParams(critic="llm_judge", judge_model=tiny_path, judge_num_gpus=2, judge_gpu_memory_utilization=0.7)
+    opts = LLMJudgeCritic.replica_options(gpu)
+    assert opts["num_gpus"] == 2 and "VLLM_CPU_OMP_THREADS_BIND" not in opts["runtime_env"]["env_vars"]
+    assert engine_options(gpu) == {"gpu_memory_utilization": 0.7, "tensor_parallel_size": 2}
+    assert LLMJudgeCritic.prepare(gpu, {})["dtype"] == "bfloat16"  # auto on a GPU
+    with pytest.raises(ConfigError, match="judge_max_model_len"):
+        CritiqueParams(critic="llm_judge", judge_max_model_len=128)
+    with pytest.raises(ConfigError, match="judge_dtype"):
+        CritiqueParams(critic="llm_judge", judge_dtype="fp8")
+
+
 @pytest.mark.integration
 def test_llm_judge_deployment_batches_and_serves_http(tiny_path, judge_ray):
     from ray import serve
@@ -196,7 +218,8 @@ def test_llm_judge_deployment_batches_and_serves_http(tiny_path, judge_ray):
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": 8132})
         p = CritiqueParams(critic="llm_judge", judge_model=tiny_path, judge_max_tokens=16,
-                           app_name="judge", batch_wait_timeout_s=0.5, early_termination=False)
+                           app_name="judge", batch_wait_timeout_s=0.5, early_termination=False,
+                           judge_max_model_len=1024, judge_kv_cache_gib=0.5, judge_dtype="float32")
         serve.run(build_critic_app(TaskConfig(), p), name="judge", route_prefix="/judge")
         meta = json.dumps({"a": 1, "b": 2, "op": "+", "answer": 3})
         rows = [{"prompt_id": "p", "step": 0, "prompt": "What is 1 + 2?", "meta": meta,

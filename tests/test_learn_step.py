@@ -88,7 +88,7 @@ def test_lora_trains_only_the_adapters_and_syncs_merged_weights(tiny_path, tiny_
     from rltf_ray.objectives import build_examples, micro_loss, step_normalisers
     from rltf_ray.learner import build_model, merged_state_dict
 
-    cfg = Config(trainer=TrainerConfig(lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}))
+    cfg = Config(trainer=TrainerConfig(bf16=False, lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}))
     model = build_model(tiny_path, cfg)
     base = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).state_dict()
     merged = merged_state_dict(model)

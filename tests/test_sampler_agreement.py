@@ -35,7 +35,7 @@ def test_trainer_logprobs_match_vllm_at_the_sampling_temperature(engine, tiny_pa
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).eval()
-    prompts = [encode(tiny_tokenizer, first_turn_messages(q)) for q in ("What is 12 + 7?", "Name a color.")]
+    prompts = [encode(tiny_tokenizer, first_turn_messages({"prompt": q})) for q in ("What is 12 + 7?", "Name a color.")]
     res = ray.get(engine.generate.remote(prompts, n=4, temperature=temperature, top_p=1.0, max_tokens=24))
     same, other = [], []
     for prompt, group in zip(prompts, res["outputs"]):

@@ -56,6 +56,15 @@ def verdict_choices(meta: dict) -> tuple[str, ...]:
     return SCORE_LINES if meta.get("rubric") else VERDICT_LINES
 
 
+def engine_options(params) -> dict:
+    """vLLM options of the judge's engine: a CPU KV cache in GiB, or a GPU's share and its
+    tensor parallelism (the GPU path is written, not run here)."""
+    if params.judge_num_gpus <= 0:
+        return {"kv_cache_gib": params.judge_kv_cache_gib}
+    tp = int(params.judge_num_gpus) if params.judge_num_gpus >= 1 else 1
+    return {"gpu_memory_utilization": params.judge_gpu_memory_utilization, "tensor_parallel_size": tp}
+
+
 @register_critic("llm_judge")
 class LLMJudgeCritic(Critic):
     """A vLLM engine inside the replica, which starts with the engine env vars and a CPU."""
@@ -67,32 +76,36 @@ class LLMJudgeCritic(Critic):
     def prepare(cls, params, context: dict) -> dict:
         from rltf_ray.models import resolve_dtype, resolve_model
 
-        return {**context, "model_path": resolve_model(params.judge_model),
-                "dtype": resolve_dtype("auto", False), "prompts": resolve_judge_prompts(params.judge_prompts)}
+        gpu = params.judge_num_gpus > 0
+        return {**context, "model_path": resolve_model(params.judge_model, "judge_model"),
+                "dtype": resolve_dtype(params.judge_dtype, gpu), "prompts": resolve_judge_prompts(params.judge_prompts)}
 
     @classmethod
     def replica_options(cls, params) -> dict:
         from rltf_ray.config import EngineConfig
         from rltf_ray.stages.engine import engine_env
 
-        return {"num_cpus": 1, "runtime_env": {"env_vars": engine_env(EngineConfig(), use_gpu=False)}}
+        gpu = params.judge_num_gpus > 0
+        return {"num_cpus": params.judge_num_cpus, **({"num_gpus": params.judge_num_gpus} if gpu else {}),
+                "runtime_env": {"env_vars": engine_env(EngineConfig(), use_gpu=gpu)}}
 
     @classmethod
     def from_params(cls, task, params, context: dict):
         return cls(task, context["model_path"], context["dtype"], params.judge_max_tokens,
-                   prompts=context["prompts"])
+                   params.judge_max_model_len, context["prompts"], engine_options(params))
 
     def __init__(self, task, model_path: str, dtype: str = "float32", max_tokens: int = 256,
-                 max_model_len: int = 2048, prompts: dict | None = None):
+                 max_model_len: int = 2048, prompts: dict | None = None, engine: dict | None = None):
         from vllm import LLM
 
-        from rltf_ray.config import EngineConfig
         from rltf_ray.stages.engine import VLLMThread, cpu_kv_cache_bytes
 
+        engine = dict(engine or {"kv_cache_gib": 1.0})
+        if "kv_cache_gib" in engine:  # a CPU judge; a GPU one sizes its cache by memory utilization
+            engine["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(engine.pop("kv_cache_gib"))
         self.vllm = VLLMThread()
         self.llm = self.vllm.run(LLM, model=model_path, dtype=dtype, enforce_eager=True,
-                                 max_model_len=max_model_len, seed=0,
-                                 kv_cache_memory_bytes=cpu_kv_cache_bytes(EngineConfig().kv_cache_gib))
+                                 max_model_len=max_model_len, seed=0, **engine)
         self.tokenizer = self.llm.get_tokenizer()
         self.max_tokens = max_tokens
         self.prompts = resolve_judge_prompts(prompts)

@@ -45,7 +45,7 @@ def make_generate(engines: list, model_path: str, p: GenerateParams, node: str,
                   max_model_len: int):
     def generate(rows: list[dict]) -> list[dict]:
         tok = load_tokenizer(model_path)
-        prompts = [encode(tok, first_turn_messages(r["prompt"])) for r in rows]
+        prompts = [encode(tok, first_turn_messages(r)) for r in rows]
         check_lengths(rows, prompts, p.max_tokens, max_model_len, node)
         res = _call(engines, prompts, node, n=p.n, temperature=p.temperature, top_p=p.top_p,
                     max_tokens=p.max_tokens)
@@ -69,6 +69,8 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
     reward the critic; the actor's own revision fills the first slot of critique 0. With
     `bilevel`, the reference actor also makes M revisions from each critique."""
     k = p.round
+    if p.template is None:
+        raise ValueError("make_revise: the revision template is unresolved (give the task's own)")
 
     def col(name: str) -> str:
         return round_col(name, k)
@@ -76,7 +78,7 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
     def revise(rows: list[dict]) -> list[dict]:
         tok = load_tokenizer(model_path)
         asked = [i for i, r in enumerate(rows) if r[col("revised")]]
-        built = {i: encode(tok, revision_messages(rows[i]["prompt"], dialogue(rows[i], k), p.template))
+        built = {i: encode(tok, revision_messages(rows[i], dialogue(rows[i], k), p.template))
                  for i in asked}
         # x_k grows with every critique; one that no longer fits ends its episode here
         # (context_overflow, counted), rather than failing the step or being cut silently
@@ -122,7 +124,7 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
             if i in done:  # the actor's own revision, from critique 0
                 current[i][0].append(done[i][1].text)
             for kk, c in enumerate(cs):
-                x1[i, kk] = encode(tok, revision_messages(rows[i]["prompt"], [(rows[i]["response"], c)], p.template))
+                x1[i, kk] = encode(tok, revision_messages(rows[i], [(rows[i]["response"], c)], p.template))
         jobs: dict[tuple[bool, int], list] = {}  # (reference?, samples still needed) -> critiques
         for (i, kk), ids in x1.items():
             if len(ids) + p.max_tokens > max_model_len:

@@ -1,7 +1,10 @@
 """The task interface and its registry.
 
-A task turns a seed into prompts with ground truth (`meta`), extracts an answer, scores it,
-and optionally critiques it. Adding one is a subclass plus `@register_task("name")`.
+A task scores an answer against a problem's ground truth (`meta`) and critiques it; a task
+that generates its own problems also turns an index into a prompt and its `meta`. Adding
+one is a subclass plus `@register_task("name")`: `check` (or `score`, for any reward other
+than correct/format) is all a task whose prompts come from a file needs; reward functions
+as TRL or verl write them need no subclass at all (`rltf_ray/tasks/rewards.py`).
 """
 from __future__ import annotations
 
@@ -42,10 +45,11 @@ class Score:
 
 
 class Task(ABC):
-    """Base class; subclasses implement `make_problem`, `prompt_text` and `check`."""
+    """Base class; subclasses implement `check` (or override `score`), and `make_problem`
+    and `prompt_text` when they generate their own problems."""
 
     name = "task"
-    answer_format = "<answer>...</answer>"
+    answer_format: str | None = "<answer>...</answer>"
     # False: `score` cannot judge an answer; rewards come from the critic's verdict
     # (llm_judge or openai), in the critique stage (r0) and the reward stage (revisions).
     has_verifier = True
@@ -69,14 +73,30 @@ class Task(ABC):
             raise ConfigError(f"task.params: {self.name} takes no params (got {', '.join(sorted(given))}); "
                               "a task that takes some declares them in `default_params`")
 
-    # -- generation -------------------------------------------------------------------
-    @abstractmethod
-    def make_problem(self, index: int, split: str) -> dict:
-        ...
+    # Reward functions receive the prompt as the file has it: it is kept in meta["_prompt"].
+    scores_prompt = False
 
-    @abstractmethod
+    @property
+    def generates(self) -> bool:
+        """Whether the task makes its own problems (else they come from a prompt file)."""
+        return type(self).make_problem is not Task.make_problem
+
+    @property
+    def revision_template(self) -> str:
+        """The revision turn's default text: the critique, then a request for this task's format."""
+        from rltf_ray.chat import revision_template
+
+        return revision_template(self.answer_format)
+
+    # -- generation (tasks that make their own problems) ---------------------------------
+    def make_problem(self, index: int, split: str) -> dict:
+        """Problem `index` of `split` ("train" or "test") as its meta; deterministic."""
+        raise ConfigError(f"task {self.name}: it generates no problems; give its prompts in a file "
+                          "(pipeline.prompts.path) and its held-out problems in eval.path")
+
     def prompt_text(self, meta: dict) -> str:
-        ...
+        """The prompt of a generated problem."""
+        raise ConfigError(f"task {self.name}: it generates no problems, so it has no prompt_text")
 
     def rows(self, split: str, start: int, count: int) -> Iterator[dict]:
         """Deterministic prompt rows: problem `i` of a split is the same for a given seed."""
@@ -117,11 +137,16 @@ class Task(ABC):
         nums = LAST_NUMBER.findall(text)
         return nums[-1].replace(",", "") if nums else None
 
-    @abstractmethod
     def check(self, answer: str, meta: dict) -> bool:
-        ...
+        """Whether the extracted `answer` is correct for this problem (override this or `score`)."""
+        raise NotImplementedError(f"task {self.name}: implement check(answer, meta) or score(text, meta)")
 
     def score(self, text: str, meta: dict) -> Score:
+        """The reward of a whole response `text` for the problem `meta`: Score(reward, correct,
+        format_ok). By default 1 for a correct answer (`check` on the extracted answer), minus
+        `task.format_weight` when the answer is not in the task's format. Override it for any
+        other reward (partial credit, a rubric, a reward model); `correct` is what accuracy
+        and the critique-on-wrong-answers rule count."""
         answer, format_ok = self.extract(text)
         correct = answer is not None and self.check(answer, meta)
         w = self.cfg.format_weight
@@ -136,20 +161,21 @@ class Task(ABC):
         missing = [k for k in self.meta_keys if meta.get(k) is None]
         if missing:
             return f"missing {', '.join(repr(k) for k in missing)} (task {self.name} needs {list(self.meta_keys)})"
-        if not self.has_verifier:
-            return ""
         try:
-            ok = self.score(self.demonstration(meta), meta).correct
+            demo = self.demonstration(meta) if self.has_verifier else None
+            if demo is None:  # nothing to check the row against: no reference answer
+                return ""
+            ok = self.score(demo, meta).correct
             self.critique("", meta)
         except Exception as e:  # any failure to score is the row's problem, named
             return f"the task cannot score it ({type(e).__name__}: {e})"
         return "" if ok else "the reference answer does not verify as correct"
 
-    def demonstration(self, meta: dict) -> str:
-        """A correct solution in the task's answer format, for supervised warm starts."""
-        if meta.get("answer") is None:
-            raise ValueError(f"task {self.name}: this row has no reference answer (meta.answer), "
-                             "so no warm-start demonstration can be built")
+    def demonstration(self, meta: dict) -> str | None:
+        """A correct solution in the task's answer format (warm starts; a prompt row is checked
+        by scoring it), or None where the row has no reference answer (meta.answer)."""
+        if meta.get("answer") is None or not self.answer_format:
+            return None
         return self.answer_format.replace("...", str(meta["answer"]))
 
     def critique(self, text: str, meta: dict) -> str:

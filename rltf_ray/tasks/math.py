@@ -1,5 +1,7 @@
-"""Math word problems from a JSONL file (`problem`, `answer`), with \\boxed{} extraction and
-math-verify checking. Without `params.path`, the project's own 50-problem set is used."""
+"""Math word problems with \\boxed{} extraction and math-verify checking. One row schema,
+wherever the problems come from: the question (`problem` or `question` in `params.path`
+rows; the prompt itself in a prompt file) and `answer`. Without `params.path`, the project's
+own 50-problem set is used."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -49,10 +51,10 @@ def last_boxed(text: str) -> str | None:
 @register_task("math")
 class MathTask(FileTask):
     answer_format = "\\boxed{...}"
-    meta_keys = ("question", "answer")
+    meta_keys = ("answer",)  # a prompt file's row: its prompt is the question
 
     builtin = BUILTIN
-    row_schema = "need 'problem' (string) and 'answer'"
+    row_schema = "need 'problem' (or 'question', a string) and 'answer'"
     extra_params = ("verify_timeout_s",)
     verify_timeout_s = 10.0
     timeouts = 0  # answers judged wrong because the verifier ran out of time
@@ -70,9 +72,10 @@ class MathTask(FileTask):
             raise ConfigError("math-verify is not installed; run `make install`") from e
 
     def parse_row(self, row: dict) -> dict | None:
-        if not isinstance(row.get("problem"), str) or "answer" not in row:
+        question = row.get("problem", row.get("question"))
+        if not isinstance(question, str) or row.get("answer") is None:
             return None
-        return {"question": row["problem"], "answer": str(row["answer"])}
+        return {"question": question, "answer": str(row["answer"])}
 
     def prompt_text(self, meta: dict) -> str:
         return meta["question"] + "\n\nReason step by step and put your final answer in \\boxed{}."
