@@ -135,7 +135,9 @@ class TrainerConfig:
     # long sequences, about a third more compute.
     gradient_checkpointing: bool = False
     cpu_threads_per_worker: int = 1  # torch threads per training worker (CPU)
-    # "object_store" (CPU, verified) or "nccl" (GPU, unverified here).
+    # How new weights reach the engines: "object_store" (CPU engines, through Ray's object
+    # store), "nccl" (GPU: a broadcast from trainer rank 0 into every engine worker; never
+    # run here) or "gloo" (the same broadcast protocol between CPU processes).
     weight_sync: str = "object_store"
     # Custom Ray resources each training worker requires (e.g. {trainer_node: 1}).
     resources: dict = field(default_factory=dict)
@@ -154,8 +156,9 @@ class TrainerConfig:
         if self.micro_batch_size < 1 or (self.mini_batch_size is not None and self.mini_batch_size < 1):
             raise ConfigError(f"trainer.micro_batch_size and mini_batch_size must be >= 1 "
                               f"(got {self.micro_batch_size}, {self.mini_batch_size})")
-        if self.weight_sync not in ("object_store", "nccl"):
-            raise ConfigError(f"trainer.weight_sync: expected 'object_store' or 'nccl', got {self.weight_sync!r}")
+        if self.weight_sync not in ("object_store", "nccl", "gloo"):
+            raise ConfigError(f"trainer.weight_sync: expected 'object_store', 'nccl' or 'gloo', "
+                              f"got {self.weight_sync!r}")
         if self.lora:
             unknown = set(self.lora) - {"rank", "alpha", "target_modules", "dropout"}
             if unknown:

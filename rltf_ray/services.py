@@ -168,7 +168,8 @@ class Services:
         b = self.cfg.binac
         bilevel = train and crit.critic == "learned" and b.bilevel_lambda > 0
         self.engines = start_engines(self.model_path, self.cfg.engine, self.dtype,
-                                     self.cfg.run.seed, self.use_gpu, name=f"rltf/engine-{self.run_id}",
+                                     self.cfg.run.seed, self.cfg.trainer.weight_sync,
+                                     name=f"rltf/engine-{self.run_id}",
                                      restore_from=(self.broker_name, "actor") if train else None,
                                      reference_every=b.reference_every if bilevel else 0)
         log(f"{len(self.engines)} vLLM engine(s) ready, dtype {self.dtype} ({time.perf_counter() - t:.1f}s)")
@@ -191,7 +192,7 @@ class Services:
         t = time.perf_counter()
         ecfg = dataclasses.replace(self.cfg.engine, num_engines=b.num_engines, resources=crit.resources)
         self.critic_engines = start_engines(self.critic_model, ecfg, self.dtype, self.cfg.run.seed + 1000,
-                                            self.use_gpu, name=name,
+                                            self.cfg.trainer.weight_sync, name=name,
                                             restore_from=(self.broker_name, "critic") if train else None)
         log(f"learned critic: {b.num_engines} vLLM engine(s) on {self.critic_model} "
             f"({time.perf_counter() - t:.1f}s)")

@@ -85,3 +85,82 @@ def test_kept_weights_outlive_the_training_worker_that_pushed_them():
             assert torch.equal(got[name], t.to(torch.bfloat16))
     finally:
         ray.shutdown()
+
+
+@pytest.mark.integration
+def test_the_collective_protocol_over_gloo_loads_the_pushed_weights_and_holds_the_reference(tiny_path):
+    """Trainer rank 0 (here the driver) and an engine's worker in one gloo group: the engine
+    joins through the worker extension, receives every tensor in broadcast order, serves them
+    as the pushed version, and keeps Bi-NAC's reference copy in its worker
+    (weight_sync/collective.py; only the NCCL transport differs on a GPU)."""
+    import ray
+    from transformers import AutoModelForCausalLM
+
+    from conftest import engine_logprobs
+    from rltf_ray.config import EngineConfig
+    from rltf_ray.stages.engine import start_engines
+    from rltf_ray.weight_sync.factory import make_weight_sync
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).state_dict()
+    torch.manual_seed(0)
+    moved = {k: v + 0.05 * torch.randn_like(v) for k, v in base.items()}
+    probe = ([1, 5, 9, 13], [17, 21, 25, 29, 33])
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
+    try:
+        cfg = EngineConfig(max_model_len=256)
+        engine, = start_engines(tiny_path, cfg, "float32", 0, "gloo", reference_every=2)
+        reference, = start_engines(tiny_path, cfg, "float32", 0)  # object-store engine: the expected values
+        sync = make_weight_sync("gloo", torch.float32)
+        sync.connect([engine])
+        before = engine_logprobs(engine, *probe)
+        sync.push(moved.items(), 1)
+        assert ray.get(engine.ready.remote()) == 1
+        plain = ObjectStoreSync(torch.float32)
+        plain.connect([reference])
+        plain.push(moved.items(), 1)
+        after = engine_logprobs(engine, *probe)
+        assert after != pytest.approx(before, abs=1e-3)  # the pushed weights, not the model on disk
+        assert after == pytest.approx(engine_logprobs(reference, *probe), abs=1e-5)
+        # version 2 is divisible by reference_every=2: the worker holds it as the reference
+        sync.push(base.items(), 2)
+        sync.push(moved.items(), 3)
+        got = ray.get(engine.generate.remote([probe[0]], 1, 0.0, 1.0, 4, reference=True))
+        assert got["version"] == 2  # served by the held reference copy ...
+        assert engine_logprobs(engine, *probe) == pytest.approx(after, abs=1e-5)  # ... then version 3 again
+        sync.close()
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.integration
+def test_a_tiny_run_trains_two_steps_over_the_collective_sync_on_cpu(tmp_path, tiny_path):
+    """trainer.weight_sync=gloo: the NCCL path's protocol end to end on CPU (a Ray Train
+    worker as rank 0, a vLLM engine joining through its worker extension); the engine then
+    serves exactly the weights of the final checkpoint."""
+    import ray
+
+    from conftest import engine_logprobs
+    from rltf_ray.loading import load_config
+    from rltf_ray.runner import Pipeline
+    from rltf_ray.stages.engine import start_engines
+
+    out = tmp_path / "run"
+    cfg = load_config("pipelines/configs/tiny.yaml",
+                      [f"run.output_dir={out}", "run.steps=2", "run.checkpoint_every=2", "run.eval_before_after=false",
+                       "trainer.weight_sync=gloo", "trainer.num_workers=1", "run.serve_http_port=8141",
+                       "loss.lambda_fm=0.1"])  # FM trains whatever the rewards: the weights must move
+    probe = ([1, 5, 9, 13], [17, 21, 25, 29, 33])
+    p = Pipeline(cfg)
+    p.start()
+    try:
+        before = engine_logprobs(p.engines[0], *probe)
+        summary = p.train()
+        served = engine_logprobs(p.engines[0], *probe)
+        fresh = start_engines(str(out / "checkpoints" / "step_2"), cfg.engine, p.dtype, 0)[0]
+        from_ckpt = engine_logprobs(fresh, *probe)
+        ray.kill(fresh)
+    finally:
+        p.stop()
+    assert summary["engine_versions"] == [2]
+    assert served != pytest.approx(before, abs=1e-3)
+    assert served == pytest.approx(from_ckpt, abs=2e-2 if p.dtype == "bfloat16" else 1e-4)

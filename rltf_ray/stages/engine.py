@@ -90,12 +90,15 @@ class PolicyEngine:
     """One vLLM engine (wrapped as a Ray actor by `start_engines`)."""
 
     def __init__(self, model_path: str, cfg: EngineConfig, dtype: str, seed: int,
-                 use_gpu: bool = False, restore_from: tuple[str, str] | None = None,
+                 sync: str = "object_store", restore_from: tuple[str, str] | None = None,
                  reference_every: int = 0):
         try:
             from vllm import LLM
         except ImportError as e:  # never swap engines silently
             raise RuntimeError(_install_hint()) from e
+        use_gpu = sync == "nccl"
+        # collective: the workers receive the weights (and hold Bi-NAC's copies) themselves
+        self.collective = sync in ("nccl", "gloo")
         if cfg.realtime and not use_gpu:  # before vLLM's thread and its OpenMP pool start
             make_realtime("engine")
         # processed_logprobs: the returned log-prob of a sampled token is taken after
@@ -106,10 +109,11 @@ class PolicyEngine:
                       logprobs_mode="processed_logprobs")
         if cfg.block_size:
             kwargs["block_size"] = cfg.block_size
+        if self.collective:
+            kwargs["worker_extension_cls"] = "rltf_ray.weight_sync.collective.EngineWorkerExtension"
         if not use_gpu:
             kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(cfg.kv_cache_gib)
         else:
-            kwargs["worker_extension_cls"] = "rltf_ray.weight_sync.nccl.EngineWorkerExtension"
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
             if cfg.tensor_parallel_size > 1:
                 # the engine's other GPU workers are processes of this actor, on its GPUs
@@ -117,7 +121,6 @@ class PolicyEngine:
         self.vllm = VLLMThread()
         self.llm = self.vllm.run(LLM, **kwargs)
         self.version = 0
-        self.use_gpu = use_gpu
         # Bi-NAC's reference actor (reference_every > 0): the weights of the last policy
         # version divisible by reference_every, held beside the current ones and swapped in
         # for `generate(reference=True)`. A weight payload, or None for the model on disk.
@@ -125,7 +128,7 @@ class PolicyEngine:
         self.held: dict = {"current": None, "reference": None}
         self.reference_version = 0
         self.broken: str | None = None  # set when the current weights could not be restored
-        if reference_every and use_gpu:
+        if reference_every and self.collective:
             self.vllm.run(self.llm.collective_rpc, "hold_weights", kwargs={"on": True})
         if restore_from and ray.get_runtime_context().was_current_actor_reconstructed:
             self._restore(*restore_from)
@@ -203,7 +206,7 @@ class PolicyEngine:
         restarts from the restored weights)."""
         if force or version % self.reference_every == 0:
             self.reference_version = version
-            if self.use_gpu:
+            if self.collective:
                 self.llm.collective_rpc("hold_reference")
             else:
                 self.held["reference"] = self.held["current"]
@@ -223,7 +226,7 @@ class PolicyEngine:
 
     def _serve(self, which: str) -> None:
         """On the vLLM thread: load the held `which` weights (None: the model on disk)."""
-        if self.use_gpu:
+        if self.collective:
             self.llm.collective_rpc("load_held", kwargs={"which": which})
         else:
             from rltf_ray.weight_sync.object_store import unpack
@@ -235,7 +238,7 @@ class PolicyEngine:
 
     def collective_rpc(self, method: str, kwargs: dict | None = None, version: int | None = None,
                        payload: list | None = None, refresh_reference: bool = False):
-        """Run a worker method (GPU: a worker-extension one, see weight_sync/nccl.py); with
+        """Run a worker method (collective sync: a worker-extension one, weight_sync/collective.py); with
         `version`, the weights it loaded (`payload` on the CPU path) become that policy
         version -- all on the vLLM thread, so that no generate call sees a half-done swap."""
         def rpc():
@@ -247,7 +250,7 @@ class PolicyEngine:
                 jumped = version > self.version + 1 or version < self.version
                 self.version = version
                 if self.reference_every:
-                    self.held["current"] = payload  # (NCCL: None; the workers hold the copy)
+                    self.held["current"] = payload  # (collective: None; the workers hold the copy)
                     self._track_reference(version, jumped or refresh_reference)
             return out
 
@@ -255,13 +258,14 @@ class PolicyEngine:
 
 
 def start_engines(model_path: str, cfg: EngineConfig, dtype: str, seed: int,
-                  use_gpu: bool = False, name: str | None = None,
+                  sync: str = "object_store", name: str | None = None,
                   restore_from: tuple[str, str] | None = None, reference_every: int = 0) -> list:
     """Start `cfg.num_engines` engine actors and wait until each has loaded the model.
     With `name`, engine i is the named actor f"{name}-{i}" (found by others by name, and
     shown by that name in the Ray dashboard); with `reference_every`, each also holds
     Bi-NAC's reference actor."""
     actor = ray.remote(PolicyEngine)
+    use_gpu = sync == "nccl"
     engines = []
     for i in range(cfg.num_engines):
         opts = dict(max_concurrency=4,
@@ -271,9 +275,9 @@ def start_engines(model_path: str, cfg: EngineConfig, dtype: str, seed: int,
         opts.update({"num_gpus": cfg.tensor_parallel_size} if use_gpu else {"num_cpus": 1})
         if cfg.resources:
             opts["resources"] = dict(cfg.resources)
-        if restore_from and not use_gpu:  # a restarted GPU engine could not rejoin the NCCL group
+        if restore_from and sync == "object_store":  # a restarted engine could not rejoin a collective group
             opts.update(max_restarts=cfg.max_restarts, max_task_retries=cfg.max_restarts)
-        engines.append(actor.options(**opts).remote(model_path, cfg, dtype, seed + i, use_gpu, restore_from,
+        engines.append(actor.options(**opts).remote(model_path, cfg, dtype, seed + i, sync, restore_from,
                                                     reference_every))
     ray.get([e.ready.remote() for e in engines])
     return engines

@@ -13,8 +13,8 @@ def make_weight_sync(kind: str, dtype: torch.dtype, keep: tuple[str, str] | None
         from rltf_ray.weight_sync.object_store import ObjectStoreSync
 
         return ObjectStoreSync(dtype, keep)
-    if kind == "nccl":
-        from rltf_ray.weight_sync.nccl import NcclSync
+    if kind in ("nccl", "gloo"):
+        from rltf_ray.weight_sync.collective import CollectiveSync
 
-        return NcclSync(dtype, tensor_parallel_size)
-    raise ConfigError(f"trainer.weight_sync: expected 'object_store' or 'nccl', got {kind!r}")
+        return CollectiveSync(dtype, kind, tensor_parallel_size)
+    raise ConfigError(f"trainer.weight_sync: expected 'object_store', 'nccl' or 'gloo', got {kind!r}")
