@@ -84,11 +84,26 @@ def _lookup(data: dict, dotted: str):
     return data
 
 
+CONFIG_DIR = Path(__file__).parent / "configs"  # the shipped configs (pipelines/configs in a checkout)
+
+
+def config_names() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def config_file(path: str | os.PathLike) -> Path:
+    """A config file's path, or a shipped config by name (`demo`: rltf_ray/configs/demo.yaml)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if p.suffix not in (".yaml", ".yml") and os.sep not in str(path) and (CONFIG_DIR / f"{path}.yaml").is_file():
+        return CONFIG_DIR / f"{path}.yaml"
+    raise ConfigError(f"config file not found: {p} (or a shipped config by name: {', '.join(config_names())})")
+
+
 def read_config_file(path: str | os.PathLike) -> dict:
     """A config file's plain data (what `config_from_data` takes)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
+    p = config_file(path)
     loaded = yaml.safe_load(p.read_text()) or {}
     if not isinstance(loaded, dict):
         raise ConfigError(f"{p}: top level must be a mapping")

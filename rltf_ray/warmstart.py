@@ -91,11 +91,13 @@ def critic_demos(task, b, attempts: list) -> list[tuple[list[dict], str]]:
 
 def verdict_line_rate(engine, critic_path: str, b, attempts: list) -> dict:
     """How often the critic model writes the verdict line, over critiques of `attempts`
-    sampled as a run samples them (binac.temperature, binac.max_tokens)."""
+    sampled as a run samples them (binac.temperature, binac.max_tokens, K per attempt), and
+    the share of an attempt's K critiques that are identical pairs (GRPO's group for the critic)."""
     import ray
 
     from rltf_ray.critics.judges import parse_verdict
     from rltf_ray.critics.learned import critic_messages
+    from rltf_ray.metrics import identical_pair_fraction
 
     tok = load_tokenizer(critic_path)
     prompts = [encode(tok, critic_messages(b.prompt, row["prompt"], text, False if b.verdict_aware else None))
@@ -104,7 +106,10 @@ def verdict_line_rate(engine, critic_path: str, b, attempts: list) -> dict:
                                          top_p=1.0, max_tokens=b.max_tokens))
     texts = [g.text for group in res["outputs"] for g in group]
     verdicts = [parse_verdict(t) for t in texts]
-    return {"critiques": len(texts), "verdict_line_rate": sum(v is not None for v in verdicts) / max(len(texts), 1),
+    return {"critiques": len(texts), "temperature": b.temperature, "critiques_per_attempt": b.critiques_per_attempt,
+            "identical_pair_fraction": identical_pair_fraction(
+                [[g.token_ids for g in group] for group in res["outputs"]]),
+            "verdict_line_rate": sum(v is not None for v in verdicts) / max(len(texts), 1),
             "says_incorrect": sum(v is False for v in verdicts) / max(len(texts), 1), "example": texts[0] if texts else ""}
 
 

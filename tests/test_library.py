@@ -337,6 +337,13 @@ def test_a_non_editable_install_keeps_presets_and_the_command(tmp_path):
                           "--config", TINY, "task.name=math", "--dry-run"],
                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+    # the shipped configs, by name, from a directory with no checkout in it
+    assert sorted(p.stem for p in (target / "rltf_ray" / "configs").glob("*.yaml")) == sorted(
+        p.stem for p in (ROOT / "pipelines" / "configs").glob("*.yaml"))
+    out = subprocess.run([sys.executable, "-c", "import rltf_ray.cli as c, sys; sys.exit(c.main(sys.argv[1:]))",
+                          "--config", "demo", "--dry-run"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert out.returncode == 0 and "first_turn [generate]" in out.stdout, out.stderr[-2000:]
 
 
 # -- the Python API end to end, with a task and a critic from a plugin file ---------------------
