@@ -111,6 +111,19 @@ def critic_app_name(crit, run_id: str, running: set[str]) -> str:
     return crit.app_name
 
 
+def start_serve(port: int) -> None:
+    """Serve on this cluster: started, or joined when it runs already. Two runs starting at
+    the same moment race to create Serve's controller; the loser joins the winner's."""
+    from ray import serve
+
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    except ValueError as e:  # ray.exceptions.ActorAlreadyExistsError
+        if "SERVE_CONTROLLER_ACTOR" not in str(e):
+            raise
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+
+
 class Services:
     """Starts and stops a run's Ray resources; the driver's view of the learner."""
 
@@ -159,7 +172,7 @@ class Services:
         if crit.attach:
             self.deployed_critic = False
         else:
-            serve.start(http_options={"host": "127.0.0.1", "port": self.cfg.run.serve_http_port})
+            start_serve(self.cfg.run.serve_http_port)
             serve.run(build_critic_app(self.cfg.task, crit, learned, plugins=self.cfg.plugins),
                       name=crit.app_name, route_prefix=f"/{crit.app_name}")
             self.deployed_critic = True

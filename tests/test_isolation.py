@@ -114,3 +114,70 @@ def test_stop_ends_everything_the_run_started_on_a_ray_that_outlives_it(tmp_path
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+CRITIC = '''
+import rltf_ray
+
+
+@rltf_ray.register_critic("{name}")
+class Critic:
+    def __init__(self, task):
+        self.task = task
+
+    def judge(self, items):
+        out = []
+        for it in items:
+            s = self.task.score(it["response"], it["meta"])
+            out.append({{"reward": s.reward, "correct": s.correct, "critique": "from {name}"}})
+        return out
+'''
+
+
+@pytest.mark.integration
+def test_two_concurrent_training_runs_each_get_only_their_own_plugin_critics_critiques(tmp_path):
+    """Two runs training at the same time on one Ray, each with a plugin critic of its own:
+    every critique a run trained on came from its own critic, and both finish."""
+    import json
+    import threading
+
+    import pyarrow.parquet as pq
+    import ray
+
+    from rltf_ray.loading import load_config
+    from rltf_ray.runner import Pipeline
+
+    runs, results = [], {}
+    for name in ("critic_one", "critic_two"):
+        (tmp_path / f"{name}.py").write_text(CRITIC.format(name=name))
+        cfg = load_config("pipelines/configs/tiny.yaml",
+                          [f"run.output_dir={tmp_path / name}", "run.steps=1", "run.eval_before_after=false",
+                           "trainer.num_workers=1", f"pipeline.critic.critic={name}", "run.serve_http_port=8178"],
+                          plugins=[str(tmp_path / f"{name}.py")])
+        runs.append((name, cfg))
+    ray.init(address="local", num_cpus=8, include_dashboard=False)
+
+    def train(name, cfg):
+        p = Pipeline(cfg)
+        try:
+            p.start()
+            results[name] = p.train()
+        except BaseException as e:  # reported below, with the other run's outcome
+            results[name] = e
+        finally:
+            p.stop()
+
+    try:
+        threads = [threading.Thread(target=train, args=run) for run in runs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=900)
+    finally:
+        ray.shutdown()
+    assert all(isinstance(results.get(name), dict) for name, _ in runs), results
+    for name, _ in runs:
+        rows = pq.read_table(tmp_path / name / "rollouts" / "step_0.parquet").to_pylist()
+        critiques = {r["critique"] for r in rows if r["revised"]}
+        assert critiques == {f"from {name}"}, (name, critiques)
+        assert json.loads((tmp_path / name / "summary.json").read_text())["engine_versions"] == [1]
