@@ -17,7 +17,7 @@ from rltf_ray.nodes import (CritiqueParams, GenerateParams, ReviseParams, Reward
 # K x M revisions made with them by the current actor (and, with the bilevel term, by the
 # reference actor), and their rewards. Empty for the other critics.
 CRITIC_CRITIQUE = ("critic_version", "critic_prompt_ids", "critic_critiques", "critic_critique_ids",
-                   "critic_critique_logprobs", "critic_verdicts", "critic_format_ok")
+                   "critic_critique_logprobs", "critic_verdicts", "critic_format_ok", "critic_context_overflow")
 CRITIC_REVISE = ("critic_revisions", "critic_reference_revisions")
 CRITIC_REWARD = ("critic_revision_rewards", "critic_revision_correct", "critic_reference_rewards")
 CRITIC_COLUMNS = CRITIC_CRITIQUE + CRITIC_REVISE + CRITIC_REWARD

@@ -19,10 +19,11 @@ def critic_metrics(rows: list[dict], b) -> dict:
     """The learned critic's step: its mean reward (and the reference actor's term of it), how
     many critiques kept the format, agree with the verifier's verdict, how often the current
     actor's revisions from them fix a wrong first answer (`critic_fix_rate`), their length,
-    the groups whose format penalty was waived, the critiques whose x1 did not fit, and the
-    version that wrote them."""
+    the groups whose format penalty was waived, the critiques whose x1 did not fit, the
+    attempts whose critic prompt did not fit, and the version that wrote them."""
     from rltf_ray.objectives import critic_reference_utilities, critic_row_rewards, format_waived
 
+    overflowed = sum(bool(r.get("critic_context_overflow")) for r in rows)
     rows = [r for r in rows if r.get("critic_critiques")]
     rewards = [x for r in rows for x in critic_row_rewards(r, b)]
     fmt = [f for r in rows for f in r["critic_format_ok"]]
@@ -40,6 +41,8 @@ def critic_metrics(rows: list[dict], b) -> dict:
             "critique_tokens_mean": _mean(len(ids) for r in rows for ids in r["critic_critique_ids"]),
             "critic_identical_pair_fraction": identical_pair_fraction([r["critic_critique_ids"] for r in rows]),
             "critiques": len(fmt),
+            # attempts whose critic prompt did not fit the critic's context: never sent
+            "critic_context_overflow": overflowed,
             "critic_version_rollout": min((r["critic_version"] for r in rows), default=-1)}
 
 

@@ -210,7 +210,8 @@ class Services:
         log(f"learned critic: {b.num_engines} vLLM engine(s) on {self.critic_model} "
             f"({time.perf_counter() - t:.1f}s)")
         return {"engine_names": [f"{name}-{i}" for i in range(b.num_engines)],
-                "model_path": self.critic_model, "binac": dataclasses.asdict(b)}
+                "model_path": self.critic_model, "binac": dataclasses.asdict(b),
+                "max_model_len": ecfg.max_model_len}
 
     def _trained_models(self) -> list[str]:
         """The models whose checkpoints this run writes: the actor, and a critic that trains."""

@@ -117,6 +117,36 @@ def test_the_critic_learns_and_its_engine_serves_the_checkpoint(tiny_path, tiny_
 
 
 @pytest.mark.integration
+def test_a_critic_prompt_too_long_for_the_critics_context_is_counted_never_sent(tiny_path):
+    """The long attempt's critic prompt cannot fit with max_tokens: it is skipped at once and
+    marked (the episode ends, as the actor's context_overflow), while the short one in the
+    same batch gets its K critiques from the engine."""
+    import asyncio
+    import dataclasses
+
+    import ray
+
+    from rltf_ray.config import EngineConfig
+    from rltf_ray.critics.learned import OVERFLOW, LearnedCritic
+    from rltf_ray.stages.engine import start_engines
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        engines = start_engines(tiny_path, EngineConfig(max_model_len=1024), "float32", 0, name="overflow-critic")
+        b = dataclasses.asdict(BinacConfig(max_tokens=16, critiques_per_attempt=2))
+        critic = LearnedCritic(None, ["overflow-critic-0"], tiny_path, b, 1024)
+        meta = {"answer": 5}
+        items = [{"prompt": "2 + 3?", "response": "6", "meta": meta, "verdict": False},
+                 {"prompt": "2 + 3?", "response": "6 " * 1200, "meta": meta, "verdict": False}]
+        short, long = asyncio.run(critic.judge(items))
+        assert len(short["critic_critiques"]) == 2 and OVERFLOW not in short
+        assert long[OVERFLOW] > 1024 - 16 and long["critique"] == "" and "critic_critiques" not in long
+        assert ray.get(engines[0].ready.remote()) == 0
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.integration
 @pytest.mark.slow  # ~4-8 min on 2 cores: `make test-all`
 def test_binac_runs_two_steps_with_the_bilevel_term_and_a_critic_of_another_vocabulary(tmp_path, tiny_path,
                                                                                       tiny_wide_path):
@@ -161,6 +191,12 @@ def test_binac_runs_two_steps_with_the_bilevel_term_and_a_critic_of_another_voca
     assert lines[1]["critic_identical_pair_fraction"] == identical_pair_fraction(
         [r["critic_critique_ids"] for r in critiqued])
     assert lines[1]["critic_groups"] == len(critiqued) and 0.0 <= lines[1]["critic_zero_advantage_fraction"] <= 1.0
+    # the critic's reward is what its rows give, and no critic prompt overflowed here
+    from rltf_ray.objectives import critic_row_rewards
+
+    rewards = [x for r in critiqued for x in critic_row_rewards(r, cfg.binac)]
+    assert lines[1]["critic_reward_mean"] == pytest.approx(sum(rewards) / len(rewards))
+    assert lines[1]["critic_context_overflow"] == 0
     fmt = [f for r in critiqued for f in r["critic_format_ok"]]
     assert lines[1]["critiques"] == 2 * len(critiqued) and lines[1]["critic_format_ok"] == pytest.approx(
         sum(fmt) / len(fmt))  # the share of critiques with a verdict line, from the rows

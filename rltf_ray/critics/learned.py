@@ -16,7 +16,8 @@ from rltf_ray.critics.judge_prompts import CLOSE, INJECTION_NOTE, OPEN
 from rltf_ray.critics.judges import item_fields, parse_verdict
 from rltf_ray.errors import ConfigError
 
-CONTEXT_KEYS = ("engine_names", "model_path", "binac")
+CONTEXT_KEYS = ("engine_names", "model_path", "binac", "max_model_len")
+OVERFLOW = "critic_context_overflow"  # a result's key: the prompt did not fit, nothing was asked
 
 
 def critic_messages(system: str, question: str, attempt: str, verdict: bool | None) -> list[dict]:
@@ -55,7 +56,7 @@ class LearnedCritic(Critic):
     def from_params(cls, task, params, context: dict):
         return cls(task, *(context[k] for k in CONTEXT_KEYS))
 
-    def __init__(self, task, engine_names: list[str], model_path: str, binac: dict):
+    def __init__(self, task, engine_names: list[str], model_path: str, binac: dict, max_model_len: int):
         import ray
 
         from rltf_ray.config import BinacConfig, _build
@@ -63,6 +64,7 @@ class LearnedCritic(Critic):
         self.engines = [ray.get_actor(n) for n in engine_names]
         self.model_path = model_path
         self.b = _build(BinacConfig, binac, "binac")
+        self.max_model_len = max_model_len
 
     def _prompt(self, item: dict) -> list[int]:
         question, attempt, _ = item_fields(item)
@@ -71,7 +73,12 @@ class LearnedCritic(Critic):
 
     async def judge(self, items: list[dict]) -> list:
         out: list = per_item(self._prompt, items)  # an item that cannot be encoded fails alone
-        good = [i for i, x in enumerate(out) if not isinstance(x, Exception)]
+        for i, x in enumerate(out):
+            # a prompt the critic's engine cannot take with max_tokens is never sent: the
+            # episode ends there, counted (as the actor's context_overflow), not failed
+            if not isinstance(x, Exception) and len(x) + self.b.max_tokens > self.max_model_len:
+                out[i] = {"critique": "", "correct": False, "reward": 0.0, OVERFLOW: len(x)}
+        good = [i for i, x in enumerate(out) if isinstance(x, list)]
         prompts = {i: out[i] for i in good}
         shards = [good[i::len(self.engines)] for i in range(len(self.engines))]
         calls = [(idx, e.generate.remote([prompts[i] for i in idx], n=self.b.critiques_per_attempt,

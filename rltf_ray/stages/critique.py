@@ -17,7 +17,7 @@ from rltf_ray.config import TaskConfig
 from rltf_ray.critics.base import CriticItemError  # noqa: F401  (re-exported)
 from rltf_ray.critics.deployment import (  # noqa: F401  (re-exported: runner, serve/critic_app.py)
     MAX_REQUEST_BYTES, build_critic_app)
-from rltf_ray.critics.learned import empty_critic_columns
+from rltf_ray.critics.learned import OVERFLOW, empty_critic_columns
 from rltf_ray.graph import (FIRST_TURN_SCORE, SECOND_TURN_SCORE, CritiqueParams, RewardParams,
                             round_col)
 from rltf_ray.rounds import attempt, attempt_text
@@ -138,7 +138,9 @@ def make_critique(task_cfg: TaskConfig, p: CritiqueParams, turns: int = 2, criti
         out = []
         for i, (r, a) in enumerate(zip(rows, tries)):
             res, err = by_row.get(i, (None, ""))
-            asked = i in by_row
+            overflow = bool(res and res.get(OVERFLOW))  # the critic's prompt did not fit: not asked
+            res = None if overflow else res
+            asked = i in by_row and not overflow
             out.append({**r, round_col("critique", k): res["critique"] if res else "",
                         round_col("critique_asked", k): asked,
                         round_col("critique_failed", k): asked and res is None,
@@ -148,7 +150,8 @@ def make_critique(task_cfg: TaskConfig, p: CritiqueParams, turns: int = 2, criti
                                                            and bool(res["correct"]) != a.correct),
                         round_col("revised", k): i in want and res is not None,
                         **({c: res[c] for c in empty_critic_columns()} if learned and res
-                           else empty_critic_columns() if k == 1 else {})})
+                           else empty_critic_columns() if k == 1 else {}),
+                        **({OVERFLOW: overflow} if k == 1 else {})})
         return out
 
     return critique
