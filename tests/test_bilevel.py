@@ -210,11 +210,27 @@ def test_blocks_whose_empty_list_columns_were_typed_null_concatenate():
 @pytest.mark.integration
 def test_critic_revisions_by_both_actors_and_an_x1_too_long_counts_instead_of_failing(reference_engine,
                                                                                        tiny_path):
+    import ray
+    from safetensors.torch import load_file
+
+    from rltf_ray.chat import encode, load_tokenizer, revision_messages
     from rltf_ray.graph import ReviseParams
     from rltf_ray.stages.rollout import make_revise
+    from rltf_ray.weight_sync.object_store import ObjectStoreSync
 
-    revise = make_revise([reference_engine], tiny_path, ReviseParams(max_tokens=8, template="Feedback: {critique}"), "revision", 160,
-                         critic_revisions=2, bilevel=True)
+    # reference and current weights far apart: the smallest even version above the engine's
+    # becomes the reference (a divisible version, or a jump, refreshes it), the next odd one
+    # the current actor's
+    base_w = load_file(f"{tiny_path}/model.safetensors")
+    sync = ObjectStoreSync(torch.float32)
+    sync.connect([reference_engine])
+    gen = torch.Generator().manual_seed(7)
+    v = ray.get(reference_engine.ready.remote())
+    even = v + 1 + (v + 1) % 2
+    for version in (even, even + 1):
+        sync.push([(k, w + 0.5 * torch.randn(w.shape, generator=gen)) for k, w in base_w.items()], version)
+    p = ReviseParams(max_tokens=8, template="Feedback: {critique}")
+    revise = make_revise([reference_engine], tiny_path, p, "revision", 160, critic_revisions=2, bilevel=True)
     base = {"prompt_id": "p", "prompt": "2 + 2?", "response": "5", "gen_tokens": 1, "gen_seconds": 0.0}
     rows = [{**base, "critique": "short", "revised": True, "critic_critiques": ["short", "too long " * 80]},
             {**base, "critique": "", "revised": False, "critic_critiques": []}]
@@ -226,3 +242,15 @@ def test_critic_revisions_by_both_actors_and_an_x1_too_long_counts_instead_of_fa
     assert len(first["critic_reference_revisions"]) == 4 and first["critic_reference_revisions"][2:] == [None, None]
     assert all(isinstance(t, str) for t in first["critic_reference_revisions"][:2])
     assert out[1]["critic_revisions"] == [] and out[1]["critic_reference_revisions"] == []
+    # greedy (one revision per critique): each actor's revisions are what its own weights
+    # write from that x1
+    greedy = ReviseParams(max_tokens=8, temperature=0.0, template=p.template)
+    first = make_revise([reference_engine], tiny_path, greedy, "revision", 160, critic_revisions=1,
+                        bilevel=True)(rows)[0]
+    x1 = encode(load_tokenizer(tiny_path), revision_messages(base, [("5", "short")], p.template))
+    by = {ref: ray.get(reference_engine.generate.remote([x1], 1, 0.0, 1.0, 8, reference=ref))
+          for ref in (False, True)}
+    assert by[True]["version"] == even and ray.get(reference_engine.ready.remote()) == even + 1
+    assert first["critic_reference_revisions"] == [by[True]["outputs"][0][0].text, None]
+    assert first["critic_revisions"] == [by[False]["outputs"][0][0].text, None]
+    assert first["critic_reference_revisions"][0] != first["critic_revisions"][0]  # told apart
