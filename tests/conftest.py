@@ -105,3 +105,14 @@ def engine_logprobs(engine, prompt: list[int], target: list[int]) -> list[float]
         return [d[t].logprob for d, t in zip(out.prompt_logprobs[len(prompt):], target)]
 
     return ray.get(engine.__ray_call__.remote(sequence_logprobs, prompt, target))
+
+
+def critic_plugin(name: str, critique: str, imports: str = "") -> str:
+    """The text of a plugin file whose critic, registered as `name`, scores each request with
+    the task and critiques it with the Python expression `critique` (over `it`, the request)."""
+    return (f"{imports}\nimport rltf_ray\n\n\n@rltf_ray.register_critic({name!r})\nclass PluginCritic:\n"
+            "    def __init__(self, task):\n        self.task = task\n\n    def judge(self, items):\n"
+            "        out = []\n        for it in items:\n"
+            "            s = self.task.score(it['response'], it['meta'])\n"
+            f"            out.append({{'reward': s.reward, 'correct': s.correct, 'critique': {critique}}})\n"
+            "        return out\n")

@@ -13,6 +13,7 @@ from rltf_ray.loading import config_from_data
 from rltf_ray.sources import PromptSource, load_eval_rows, read_prompt_file
 from rltf_ray.tasks import get_task
 from rltf_ray.tasks.rewards import RewardFunctionError
+from conftest import critic_plugin  # noqa: E402
 
 REWARDS = '''
 import asyncio
@@ -206,23 +207,7 @@ def test_the_python_api_takes_functions(user_dir, monkeypatch):
         rltf_ray.RLTFConfig().task(reward_funcs=[lambda prompts, completions: [1.0]])
 
 
-CRITIC = '''
-import rltf_ray
-
-
-@rltf_ray.register_critic("hint_critic")
-class HintCritic:
-    def __init__(self, task):
-        self.task = task
-
-    def judge(self, items):
-        out = []
-        for it in items:
-            s = self.task.score(it["response"], it["meta"])
-            out.append({"reward": s.reward, "correct": s.correct,
-                        "critique": "The answer is " + str(it["meta"]["solution"]) + "."})
-        return out
-'''
+CRITIC = critic_plugin("hint_critic", "'The answer is ' + str(it['meta']['solution']) + '.'")
 
 
 @pytest.mark.integration

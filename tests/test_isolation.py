@@ -4,6 +4,7 @@ import pytest
 
 from rltf_ray.graph import CritiqueParams
 from rltf_ray.services import critic_app_name
+from conftest import critic_plugin  # noqa: E402
 
 
 def test_each_run_deploys_its_critic_under_a_name_of_its_own():
@@ -116,24 +117,6 @@ def test_stop_ends_everything_the_run_started_on_a_ray_that_outlives_it(tmp_path
         ray.shutdown()
 
 
-CRITIC = '''
-import rltf_ray
-
-
-@rltf_ray.register_critic("{name}")
-class Critic:
-    def __init__(self, task):
-        self.task = task
-
-    def judge(self, items):
-        out = []
-        for it in items:
-            s = self.task.score(it["response"], it["meta"])
-            out.append({{"reward": s.reward, "correct": s.correct, "critique": "from {name}"}})
-        return out
-'''
-
-
 @pytest.mark.integration
 def test_two_concurrent_training_runs_each_get_only_their_own_plugin_critics_critiques(tmp_path):
     """Two runs training at the same time on one Ray, each with a plugin critic of its own:
@@ -149,7 +132,7 @@ def test_two_concurrent_training_runs_each_get_only_their_own_plugin_critics_cri
 
     runs, results = [], {}
     for name in ("critic_one", "critic_two"):
-        (tmp_path / f"{name}.py").write_text(CRITIC.format(name=name))
+        (tmp_path / f"{name}.py").write_text(critic_plugin(name, f"'from {name}'"))
         cfg = load_config("pipelines/configs/tiny.yaml",
                           [f"run.output_dir={tmp_path / name}", "run.steps=1", "run.eval_before_after=false",
                            "trainer.num_workers=1", f"pipeline.critic.critic={name}", "run.serve_http_port=8178"],

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from conftest import critic_plugin  # noqa: E402
+
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -67,28 +69,9 @@ def stop_head() -> None:
         time.sleep(1)
 
 
-JOB_CRITIC = """
-import os
-
-import job_lib_mod
-import rltf_ray
-
-
-@rltf_ray.register_critic("job_env_critic")
-class JobEnvCritic:
-    \"\"\"Says what of the job's runtime_env reached its Serve replica.\"\"\"
-
-    def __init__(self, task):
-        self.task = task
-
-    def judge(self, items):
-        out = []
-        for it in items:
-            s = self.task.score(it["response"], it["meta"])
-            out.append({"reward": s.reward, "correct": s.correct,
-                        "critique": f"job var {os.environ.get('RLTF_JOB_VAR')} lib {job_lib_mod.VALUE}"})
-        return out
-"""
+# says what of the job's runtime_env reached its Serve replica
+JOB_CRITIC = critic_plugin("job_env_critic", "f\"job var {os.environ.get('RLTF_JOB_VAR')} lib {job_lib_mod.VALUE}\"",
+                           imports="import os\n\nimport job_lib_mod")
 
 
 def test_ray_job_submit_runs_the_pipeline(tmp_path):
