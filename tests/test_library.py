@@ -231,7 +231,7 @@ def test_build_runs_the_command_lines_checks_before_ray_starts(tmp_path):
         base.copy().task(params={"no_such_param": 1}).build()
     with pytest.raises(ConfigError, match="no_such_prompts.jsonl"):
         base.copy().node("prompts", path=str(tmp_path / "no_such_prompts.jsonl")).build()
-    with pytest.raises(ConfigError, match="trainer.weight_sync: expected 'object_store' or 'nccl'"):
+    with pytest.raises(ConfigError, match="trainer.weight_sync: expected 'object_store', 'nccl' or 'gloo'"):
         base.copy().training(weight_sync="carrier_pigeon").build()
     assert not ray.is_initialized()
 
