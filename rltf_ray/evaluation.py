@@ -94,6 +94,7 @@ class Evaluator:
             out["greedy_format_rate"] = mean_se([float(f) for _, _, f in s])[0]
             out["greedy_unscored"] = sum(not math.isfinite(r) for r, _, _ in s)  # judge failures
             out["sample_texts"] = first[:3]
+            out["greedy_correct"] = [int(c) for _, c, _ in s]  # per problem: a paired gain's SE
         if pass_k:
             out.update(self._pass_at_k(rows, x0, pass_k, samples))
         if feedback_rounds:

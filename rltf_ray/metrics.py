@@ -158,6 +158,23 @@ def step_line(m: dict, total: int) -> str:
             + (f", checkpoint {m['seconds_checkpoint']:.1f}" if m.get("seconds_checkpoint") else "") + ")")
 
 
+def gain_line(before: dict, after: dict) -> str:
+    """The held-out greedy first try before and after training, and the gain with its SE:
+    paired by problem when both evaluations scored the same problems (the per-problem
+    differences' SE), else from the two SEs as if independent."""
+    b, a = before["greedy_accuracy"], after["greedy_accuracy"]
+    cb, ca = before.get("greedy_correct"), after.get("greedy_correct")
+    if cb and ca and len(cb) == len(ca) > 1:
+        d = [y - x for x, y in zip(cb, ca)]
+        m = sum(d) / len(d)
+        se, how = math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1) / len(d)), "paired by problem"
+    else:
+        se, how = math.hypot(before["greedy_accuracy_se"], after["greedy_accuracy_se"]), "unpaired"
+    verdict = "more than 2 SE" if a - b > 2 * se else "within 2 SE"
+    return (f"held-out greedy first try: {b:.3f} before, {a:.3f} after training: {a - b:+.3f} "
+            f"(SE {se:.3f}, {how}; {verdict})")
+
+
 def eval_line(e: dict) -> str:
     """One held-out evaluation as a log line (each number ± one standard error)."""
     parts = []

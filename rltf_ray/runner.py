@@ -166,6 +166,7 @@ class Pipeline(Services, StepRunner):
         if self.cfg.run.eval_before_after and "before" in summary:
             summary["after"] = self.final_eval or self.evaluate()
             log("after training: " + M.eval_line(summary["after"]))
+            log(M.gain_line(summary["before"], summary["after"]))
         summary["engine_versions"] = ray.get([e.ready.remote() for e in self.engines])
         if self.critic_engines:
             summary["critic_engine_versions"] = ray.get([e.ready.remote() for e in self.critic_engines])

@@ -112,3 +112,15 @@ def test_runs_table_and_the_paired_curve_from_in_run_evaluations(tmp_path):
     assert curve[("rltf_sd", 32)]["se"] == pytest.approx(0.15)
     assert curve[("rltf_sd", 64)]["mean"] == pytest.approx(0.125)
     assert "| rltf_sd | +0.000 (0.000) | +0.350 (0.150) | +0.125 (0.125) |" in text
+
+
+def test_the_gain_line_pairs_by_problem_and_says_where_it_stands():
+    from rltf_ray.metrics import gain_line
+
+    before = {"greedy_accuracy": 0.25, "greedy_accuracy_se": 0.25, "greedy_correct": [0, 0, 1, 0]}
+    after = {"greedy_accuracy": 0.75, "greedy_accuracy_se": 0.25, "greedy_correct": [1, 1, 1, 0]}
+    # differences 1, 1, 0, 0: mean 0.5, sample sd 0.5774, SE 0.2887
+    assert gain_line(before, after) == ("held-out greedy first try: 0.250 before, 0.750 after training: "
+                                        "+0.500 (SE 0.289, paired by problem; within 2 SE)")
+    unpaired = gain_line({**before, "greedy_correct": None}, {**after, "greedy_accuracy": 1.0})
+    assert unpaired.endswith("+0.750 (SE 0.354, unpaired; more than 2 SE)")
