@@ -27,8 +27,14 @@ models: install
 models-tiny: install
 	$(PY) -m rltf_ray.models tiny
 
+# The capability-expansion regime in ~10 minutes on 2 cores: a 3-minute warm start (kept in
+# outputs/demo_warm), then 6 RLTF-SD steps; it prints the held-out first-try gain and its SE.
+DEMO_WARM := outputs/demo_warm
 demo: models
-	$(PY) pipelines/run.py --config pipelines/configs/demo.yaml
+	test -f $(DEMO_WARM)/config.json || $(PY) pipelines/warmstart.py --config pipelines/configs/expansion_demo.yaml \
+	    --out $(DEMO_WARM) --revision-demos 120 --epochs 1 --lr 3e-5 \
+	    'task.params.rule=[concat,swap,repeat,offset,double]' model.path=smollm2
+	$(PY) pipelines/run.py --config pipelines/configs/expansion_demo.yaml
 
 # `make test` stays within CI's budget on 2 cores; `make test-all` adds the tests marked slow.
 # tests/suite.py runs each integration module in its own process (why: its docstring).
