@@ -148,6 +148,10 @@ def optimize(engine, ref_model, examples: list[Example], cfg: Config, pad_id: in
         group["lr"] = lr
     parts = mini_batches(examples, cfg.trainer.mini_batch_size, step)
     sums: dict[str, float] = {}
+    dev = next(engine.module.parameters()).device
+    if global_max(int(any(e.term in RL_TERMS for e in trained_examples(examples, cfg))), dev) == 0:
+        # no RL token trains this step: score a sample before any update, for the mismatch
+        sums.update(monitor_sample(examples, engine, cfg, pad_id, rank, world, dev))
     seconds = {"seconds_side_logprobs": 0.0, "seconds_forward_backward": 0.0, "seconds_optimizer": 0.0}
     for i, part in enumerate(parts):
         got, took = optimizer_step(engine, ref_model, part, cfg, pad_id, step, rank, world)
@@ -158,9 +162,6 @@ def optimize(engine, ref_model, examples: list[Example], cfg: Config, pad_id: in
         seconds = {k: seconds[k] + took[k] for k in seconds}
     if len(parts) > 1:
         sums = {k: v / len(parts) if k.startswith("loss_") else v for k, v in sums.items()}
-    dev = next(engine.module.parameters()).device
-    if global_max(int(any(e.term in RL_TERMS for e in trained_examples(examples, cfg))), dev) == 0:
-        sums.update(monitor_sample(examples, engine, cfg, pad_id, rank, world, dev))
     metrics = reduce_metrics(sums, cfg, cfg.loss.lambda_sd_at(step))
     # this rank's split of seconds_train (where a learner's time goes: docs/benchmarks.md)
     return {**metrics, **seconds, "lr": lr, "optimizer_steps": len(parts)}

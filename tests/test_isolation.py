@@ -18,6 +18,7 @@ def test_each_run_deploys_its_critic_under_a_name_of_its_own():
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # `make test` runs the two concurrent training runs below; this adds stop()'s scope
 def test_two_runs_on_one_ray_keep_their_own_critics(tmp_path):
     """Two runs started on one Ray: each deploys its own critic app; the first one's stop
     deletes only its own, and the second's critic still answers."""

@@ -88,6 +88,7 @@ def test_kept_weights_outlive_the_training_worker_that_pushed_them():
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # the two-step run below covers the protocol in `make test`; this adds the held reference
 def test_the_collective_protocol_over_gloo_loads_the_pushed_weights_and_holds_the_reference(tiny_path):
     """Trainer rank 0 (here the driver) and an engine's worker in one gloo group: the engine
     joins through the worker extension, receives every tensor in broadcast order, serves them
