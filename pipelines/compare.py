@@ -22,6 +22,7 @@ Ray job to that cluster, all at once; the cluster schedules them in parallel.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rltf_ray.config import ConfigError  # noqa: E402
+from rltf_ray.errors import DEAD_CRITIC_EXIT, STOPPED_FILE  # noqa: E402
 from rltf_ray.loading import load_config  # noqa: E402
 from rltf_ray.report import write_report  # noqa: E402
 
@@ -49,6 +51,12 @@ def run_local(args, preset: str, seed: int, out: Path) -> None:
     t = time.perf_counter()
     with open(log, "w") as f:
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+    if rc == DEAD_CRITIC_EXIT and (out / STOPPED_FILE).is_file():
+        # the run's critic trained on nothing: reported as stopped by the guard (runs.md), the
+        # comparison goes on, and the run is not made again on resume
+        why = json.loads((out / STOPPED_FILE).read_text())["error"]
+        print(f"[compare] {preset} seed {seed}: STOPPED by the dead-critic guard: {why}", flush=True)
+        return
     if rc != 0:
         tail = log.read_text()[-2000:]
         raise SystemExit(f"[compare] {preset} seed {seed} failed (exit {rc}); end of {log}:\n{tail}")
@@ -125,7 +133,8 @@ def main(argv=None) -> int:
         return 2
     arm = f".{args.variant}" if args.variant else ""
     plan = [(p, s, root / "runs" / f"{p}{arm}_s{s}") for s in seeds for p in presets]
-    todo = [(p, s, out) for p, s, out in plan if not (out / "summary.json").is_file()]
+    todo = [(p, s, out) for p, s, out in plan
+            if not (out / "summary.json").is_file() and not (out / STOPPED_FILE).is_file()]
     print(f"[compare] {len(plan)} runs, {len(plan) - len(todo)} already finished", flush=True)
     import os
 
@@ -138,7 +147,8 @@ def main(argv=None) -> int:
         run_local(args, p, s, out)
         write_report(root, title, baseline)  # after every run: runs.jsonl holds what has finished
         if args.git_commit:
-            commit_run(root, out, f"results/{args.name}: {p}{arm} seed {s} finished")
+            how = "stopped by the dead-critic guard" if (out / STOPPED_FILE).is_file() else "finished"
+            commit_run(root, out, f"results/{args.name}: {p}{arm} seed {s} {how}")
     print(write_report(root, title, baseline))
     print(f"[compare] results in {root}")
     return 0
@@ -147,7 +157,8 @@ def main(argv=None) -> int:
 def commit_run(root: Path, out: Path, message: str) -> None:
     """Commit a finished run's data (and the updated runs.jsonl) at once, and nothing else:
     an interrupted comparison never loses a finished run."""
-    paths = [str(p) for p in (root / "runs.jsonl", out / "metrics.jsonl", out / "summary.json")]
+    paths = [str(p) for p in (root / "runs.jsonl", out / "metrics.jsonl", out / "summary.json", out / STOPPED_FILE)
+             if p.is_file()]
     for attempt in range(5):  # another git command may hold the index lock for a moment
         add = subprocess.run(["git", "add", "-f", *paths], cwd=ROOT, capture_output=True, text=True)
         done = add.returncode == 0 and subprocess.run(

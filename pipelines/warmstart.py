@@ -41,6 +41,9 @@ def main(argv=None) -> int:
                     help="warm-start Bi-NAC's learned critic (binac.critic_model, default the actor's "
                          "base) on the task's programmatic critiques of the actor's wrong answers")
     ap.add_argument("--critic-demos", type=int, default=300)
+    ap.add_argument("--informative-share", type=float, default=1.0,
+                    help="--critic: the share of demonstrations whose target is the task's critique; the "
+                         "rest say only that the answer is wrong (a critic with room to learn)")
     ap.add_argument("--probe", type=int, default=64,
                     help="--critic: wrong answers (from later problems) on which the critic's verdict-line "
                          "rate is measured before and after")
@@ -48,6 +51,9 @@ def main(argv=None) -> int:
                     help="a module (import name or .py path) with your task; repeatable")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
+    if not 0.0 <= args.informative_share <= 1.0:
+        print(f"--informative-share: a fraction in [0, 1], got {args.informative_share}", file=sys.stderr)
+        return 2
     try:
         cfg = load_config(args.config, args.overrides, plugins=args.plugin)
     except ConfigError as e:
@@ -96,7 +102,7 @@ def warm_start_critic(cfg, args, task, model: str, gen) -> int:
     from rltf_ray.models import resolve_dtype, resolve_model
     from rltf_ray.services import init_ray
     from rltf_ray.stages.engine import start_engines
-    from rltf_ray.warmstart import critic_demos, sft, verdict_line_rate, wrong_attempts
+    from rltf_ray.warmstart import VAGUE_CRITIQUES, critic_demos, sft, verdict_line_rate, wrong_attempts
 
     import dataclasses
 
@@ -119,7 +125,10 @@ def warm_start_critic(cfg, args, task, model: str, gen) -> int:
         ray.kill(base)
         print(f"[warmstart] critic: {len(demos)} demonstrations; verdict line before: "
               f"{stats['before']['verdict_line_rate']:.3f}; training {args.epochs} epoch(s)", flush=True)
-        stats.update(sft(critic, critic_demos(task, b, demos), args.out, lr=args.lr, epochs=args.epochs,
+        pairs = critic_demos(task, b, demos, args.informative_share, cfg.run.seed)
+        stats.update(informative_share=args.informative_share, informative_demos=sum(
+            not target.startswith(VAGUE_CRITIQUES) for _, target in pairs))
+        stats.update(sft(critic, pairs, args.out, lr=args.lr, epochs=args.epochs,
                          batch_size=args.batch_size, seed=cfg.run.seed))
         after = start_engines(args.out, one, dtype, cfg.run.seed)[0]
         stats["after"] = verdict_line_rate(after, args.out, b, probe)

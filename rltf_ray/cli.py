@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from rltf_ray.errors import ConfigError
+from rltf_ray.errors import DEAD_CRITIC_EXIT, STOPPED_FILE, ConfigError, DeadCriticError
 
 
 def _common(ap: argparse.ArgumentParser) -> None:
@@ -63,6 +63,12 @@ def run_main(argv=None) -> int:
     except ConfigError as e:  # before anything started (e.g. bad rows in a prompt file)
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except DeadCriticError as e:
+        # a guard, not a crash: recorded beside the run's metrics, so that a comparison reports
+        # the run as stopped by it rather than losing it or keeping it as a finished run
+        Path(cfg.run.output_dir, STOPPED_FILE).write_text(json.dumps({"stopped_by": "dead_critic", "error": str(e)}))
+        print(f"stopped: {e}", file=sys.stderr)
+        return DEAD_CRITIC_EXIT
     b, a = summary.get("before"), summary.get("after")
     if b and a:
         from rltf_ray.metrics import eval_line

@@ -168,10 +168,10 @@ def write_paired(runs: list[dict], baseline: str, path: Path, shown: tuple[float
     return text
 
 
-def write_runs(runs: list[dict], path: Path) -> str:
+def write_runs(runs: list[dict], path: Path, stopped: list[str] = ()) -> str:
     """One row per run: its held-out greedy first try before training, at every evaluation
     on the way and after (with the after-critique accuracy p1 where it was measured), its
-    wall time and where a step's time went."""
+    wall time and where a step's time went; then the runs a guard stopped (`stopped`)."""
     # the points between the before- and the after-evaluation, which have columns of their own
     points = sorted({p["samples_seen"] for r in runs for p in r["curve"][1:-1]})
     head = ["run", "before (p0 / p1)", *[f"{x} samples" for x in points], "after (p1)", "minutes in steps",
@@ -192,6 +192,8 @@ def write_runs(runs: list[dict], path: Path) -> str:
                  f"{t['step']:.1f} ({t['rollout']:.1f}, {t['train']:.1f}, {t['sync']:.1f})" if t else "-",
                  weights_cell(r.get("weights_sha256"))]
         lines.append("| " + " | ".join(cells) + " |")
+    if stopped:
+        lines += ["", "Stopped by a guard (not in the tables above):", *stopped]
     text = "\n".join(lines) + "\n"
     Path(path).write_text(text)
     return text
@@ -236,6 +238,15 @@ def finished_runs(root: Path) -> list[dict]:
     return sorted(runs, key=lambda r: (r["seed"], r["preset"]))
 
 
+def stopped_runs(root: Path) -> list[str]:
+    """One line per run that a guard stopped (its STOPPED_FILE): which run, and why."""
+    from rltf_ray.errors import STOPPED_FILE
+
+    return [f"- {d.name}: stopped by the {got.get('stopped_by', '?').replace('_', '-')} guard: {got.get('error', '')}"
+            for d in sorted(Path(root, "runs").glob("*_s*"))
+            if (d / STOPPED_FILE).is_file() and (got := json.loads((d / STOPPED_FILE).read_text()))]
+
+
 def write_report(root: Path, title: str = "", baseline: str | None = None) -> str:
     """runs.jsonl, table.md, runs.md, paired.md (against `baseline`) and curves.png, all from the run
     folders' own metrics.jsonl and summary.json."""
@@ -247,7 +258,7 @@ def write_report(root: Path, title: str = "", baseline: str | None = None) -> st
     if not runs:
         return "no finished runs\n"
     text = write_table(runs, root / "table.md", title=title)
-    text += "\n" + write_runs(runs, root / "runs.md")
+    text += "\n" + write_runs(runs, root / "runs.md", stopped_runs(root))
     if baseline and any(r["preset"].partition(".")[0] == baseline for r in runs):
         text += "\n" + write_paired(runs, baseline, root / "paired.md")
     write_curves(runs, root / "curves.png", title=title or root.name)

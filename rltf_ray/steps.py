@@ -9,14 +9,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rltf_ray import metrics as M
+from rltf_ray.errors import DeadCriticError
 from rltf_ray.graph import node_params, node_round
 from rltf_ray.services import log
 
 STAGE_KINDS = ("generate", "critique", "revise", "reward")  # the nodes `rollout` runs as Ray Data stages
-
-
-class DeadCriticError(RuntimeError):
-    """The learned critic trained on nothing for binac.max_dead_updates updates in a row."""
 
 
 class StepRunner:

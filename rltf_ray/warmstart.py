@@ -79,14 +79,38 @@ def revision_demos(engines: list, model_path: str, task, template: str, start: i
              demonstration(task, meta)) for row, text, meta in wrong], stats
 
 
-def critic_demos(task, b, attempts: list) -> list[tuple[list[dict], str]]:
+# Critiques that say an answer is wrong and nothing about why: the critic's warm start mixes
+# them with the task's informative critique, so that a critic starts out helping some of the
+# time and has something left to learn (docs/results.md, "Bi-NAC where the critic has room").
+VAGUE_CRITIQUES = (
+    "Your answer is incorrect. Check your work and try again.",
+    "This is not right. Read the question again carefully.",
+    "Your answer is wrong. Think about the problem once more.",
+    "The result is incorrect. Go through your steps again.",
+    "That answer does not match. Reconsider how you solved it.",
+    "Incorrect. Look at the question again and give a new answer.",
+)
+
+
+def critic_demos(task, b, attempts: list, informative_share: float = 1.0,
+                 seed: int = 0) -> list[tuple[list[dict], str]]:
     """The learned critic's warm start: for each wrong attempt, its conversation (as the
-    critic sees it in a run) -> the task's programmatic critique, ending with the verdict line."""
+    critic sees it in a run) -> a critique ending with the verdict line. The critique is the
+    task's programmatic one for a random `informative_share` of the attempts, else one of
+    VAGUE_CRITIQUES (drawn with `seed`)."""
     from rltf_ray.critics.judges import VERDICT_LINES
     from rltf_ray.critics.learned import critic_messages
 
-    return [(critic_messages(b.prompt, row["prompt"], text, False if b.verdict_aware else None),
-             f"{task.critique(text, meta)}\n{VERDICT_LINES[1]}") for row, text, meta in attempts]
+    if not 0.0 <= informative_share <= 1.0:
+        raise ValueError(f"informative_share: a fraction in [0, 1], got {informative_share}")
+    rng = random.Random(seed)
+    out = []
+    for row, text, meta in attempts:
+        critique = (task.critique(text, meta) if rng.random() < informative_share
+                    else rng.choice(VAGUE_CRITIQUES))
+        out.append((critic_messages(b.prompt, row["prompt"], text, False if b.verdict_aware else None),
+                    f"{critique}\n{VERDICT_LINES[1]}"))
+    return out
 
 
 def verdict_line_rate(engine, critic_path: str, b, attempts: list) -> dict:

@@ -102,7 +102,8 @@ def test_the_mismatch_warning_names_the_cause_and_the_fix():
 def test_consecutive_dead_critic_updates_stop_the_run():
     from types import SimpleNamespace
 
-    from rltf_ray.steps import DeadCriticError, StepRunner
+    from rltf_ray.errors import DeadCriticError
+    from rltf_ray.steps import StepRunner
 
     runner = SimpleNamespace(cfg=load_config(TINY, ["binac.max_dead_updates=2"], preset="binac"))
     dead = {"step": 0, "critic_trained": True, "critic_zero_advantage_fraction": 1.0,
