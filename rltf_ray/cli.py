@@ -66,6 +66,7 @@ def run_main(argv=None) -> int:
     except DeadCriticError as e:
         # a guard, not a crash: recorded beside the run's metrics, so that a comparison reports
         # the run as stopped by it rather than losing it or keeping it as a finished run
+        Path(cfg.run.output_dir).mkdir(parents=True, exist_ok=True)
         Path(cfg.run.output_dir, STOPPED_FILE).write_text(json.dumps({"stopped_by": "dead_critic", "error": str(e)}))
         print(f"stopped: {e}", file=sys.stderr)
         return DEAD_CRITIC_EXIT

@@ -256,7 +256,7 @@ def write_report(root: Path, title: str = "", baseline: str | None = None) -> st
         for r in runs:
             f.write(json.dumps(r) + "\n")
     if not runs:
-        return "no finished runs\n"
+        return "no finished runs\n" + "".join(f"{line}\n" for line in stopped_runs(root))
     text = write_table(runs, root / "table.md", title=title)
     text += "\n" + write_runs(runs, root / "runs.md", stopped_runs(root))
     if baseline and any(r["preset"].partition(".")[0] == baseline for r in runs):

@@ -142,6 +142,7 @@ class Services:
         evaluation alone) the step broker and the learner."""
         from ray import serve
 
+        from rltf_ray import reaper
         from rltf_ray.broker import StepBroker
         from rltf_ray.stages.critique import build_critic_app
         from rltf_ray.stages.engine import start_engines
@@ -176,6 +177,9 @@ class Services:
             serve.run(build_critic_app(self.cfg.task, crit, learned, plugins=self.cfg.plugins),
                       name=crit.app_name, route_prefix=f"/{crit.app_name}")
             self.deployed_critic = True
+            # on a Ray that outlives this process, the app goes with it even if this process
+            # dies without stop() (a Tune trial stopped early, a killed job): rltf_ray.reaper
+            self.critic_lease = None if self.started_ray else reaper.watch(crit.app_name)
         log(f"critic app '{crit.app_name}' ready ({time.perf_counter() - t:.1f}s)")
         t = time.perf_counter()
         b = self.cfg.binac
@@ -272,6 +276,8 @@ class Services:
         import ray
         from ray import serve
 
+        from rltf_ray import reaper
+
         fit = getattr(self, "fit_thread", None)
         if fit is not None and fit.is_alive():
             self.broker.close.remote()
@@ -288,6 +294,9 @@ class Services:
             ray.kill(self.broker)  # it holds the last step's rows and weights in the object store
             self.broker = None
         if getattr(self, "deployed_critic", False):
+            if getattr(self, "critic_lease", None) is not None:
+                reaper.release(self.critic_params.app_name, self.critic_lease)
+                self.critic_lease = None
             serve.delete(self.critic_params.app_name)
             self.deployed_critic = False
         if getattr(self, "started_ray", False):

@@ -29,6 +29,30 @@ def test_critic_demos_are_the_critics_conversation_and_a_critique_ending_with_th
     assert "A verifier checked" not in blind[0][1]["content"]
 
 
+def test_an_informative_share_mixes_the_tasks_critique_with_vague_ones():
+    from rltf_ray.warmstart import VAGUE_CRITIQUES
+
+    task = get_task(TaskConfig(name="convention"))
+    rows = list(task.rows("train", 0, 200))
+    attempts = [(r, "<answer>1</answer>", json.loads(r["meta"])) for r in rows]
+    b = BinacConfig()
+
+    def informative(pairs):
+        return [t == f"{task.critique(a, m)}\n{VERDICT_LINES[1]}" for (_, t), (_, a, m) in zip(pairs, attempts)]
+
+    assert all(informative(critic_demos(task, b, attempts)))  # the default: every target informative
+    vague = critic_demos(task, b, attempts, informative_share=0.0)
+    assert {t.rsplit("\n", 1)[0] for _, t in vague} == set(VAGUE_CRITIQUES)  # all six, drawn at random
+    assert all(t.endswith(VERDICT_LINES[1]) for _, t in vague)
+    assert not any("⊕" in t or "digits" in t for _, t in vague)  # a vague critique says nothing of the rule
+    mixed = critic_demos(task, b, attempts, informative_share=0.4, seed=3)
+    share = sum(informative(mixed)) / len(mixed)
+    assert 0.3 < share < 0.5 and mixed == critic_demos(task, b, attempts, informative_share=0.4, seed=3)
+    assert [c for c, _ in mixed] == [c for c, _ in vague]  # the critic's side of each pair is the same
+    with pytest.raises(ValueError, match="informative_share"):
+        critic_demos(task, b, attempts, informative_share=1.5)
+
+
 @pytest.mark.integration
 def test_the_critic_warm_start_teaches_the_verdict_line(tmp_path, tiny_path):
     import warmstart

@@ -126,3 +126,49 @@ def test_the_feedback_gap_verdict():
     assert verdict(0.03, 0.69, 64).startswith("yes: one critique lifts accuracy from 0.030 to 0.690")
     assert verdict(0.30, 0.33, 64).startswith("not yet") and "warmstart.py --revision-demos" in verdict(0.3, 0.33, 64)
     assert verdict(0.90, 0.99, 64).startswith("little room")
+
+
+def test_a_run_the_dead_critic_guard_stops_is_recorded_and_a_comparison_goes_on(tmp_path, monkeypatch, capsys):
+    """The command line turns the guard's error into stopped.json and exit 3; a comparison
+    reports such a run, goes on with the next, and does not run it again on resume."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import rltf_ray.runner
+    from rltf_ray.cli import run_main
+    from rltf_ray.errors import DEAD_CRITIC_EXIT, STOPPED_FILE, DeadCriticError
+
+    def dead(cfg):
+        raise DeadCriticError("step 4: 3 critic updates in a row had every advantage 0")
+
+    monkeypatch.setattr(rltf_ray.runner, "run", dead)
+    out = tmp_path / "run"
+    assert run_main(["--config", "tiny", f"run.output_dir={out}"]) == DEAD_CRITIC_EXIT
+    assert json.loads((out / STOPPED_FILE).read_text()) == {
+        "stopped_by": "dead_critic", "error": "step 4: 3 critic updates in a row had every advantage 0"}
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pipelines"))
+    import compare
+
+    def fake_run(cmd, stdout, stderr, cwd, rc=DEAD_CRITIC_EXIT, stopped=True):
+        out_dir = Path(next(a for a in cmd if a.startswith("run.output_dir=")).partition("=")[2])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if stopped:
+            (out_dir / STOPPED_FILE).write_text(json.dumps({"stopped_by": "dead_critic", "error": "why"}))
+        return SimpleNamespace(returncode=rc)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    argv = ["--config", "tiny", "--presets", "binac", "--seeds", "2", "--name", "c", "--results", str(tmp_path)]
+    assert compare.main(argv) == 0  # both seeds stopped: reported, and the comparison finished
+    said = capsys.readouterr().out
+    assert said.count("STOPPED by the dead-critic guard: why") == 2
+    assert "- binac_s1: stopped by the dead-critic guard: why" in said  # the report lists them
+    assert compare.main(argv) == 0 and "2 runs, 2 already finished" in capsys.readouterr().out
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: fake_run(*a, **k, rc=1, stopped=False))
+    (tmp_path / "c" / "runs" / "binac_s0" / STOPPED_FILE).unlink()
+    (tmp_path / "c" / "runs" / "binac_s0.log").write_text("Traceback: a crash\n")
+    with pytest.raises(SystemExit, match="binac seed 0 failed \\(exit 1\\)"):  # any other failure stops it
+        compare.main(argv)

@@ -118,6 +118,50 @@ def test_stop_ends_everything_the_run_started_on_a_ray_that_outlives_it(tmp_path
         ray.shutdown()
 
 
+def test_a_run_that_dies_without_stopping_loses_its_critic_app(tmp_path):
+    """The case Tune's early stop and a killed job make: the process that started the run
+    dies, Ray ends the actors it owned, and the reaper deletes the critic app that Serve's
+    controller owns; the other run's app stays."""
+    import time
+
+    import ray
+    from ray import serve
+
+    from rltf_ray import reaper
+    from rltf_ray.loading import load_config
+    from rltf_ray.runner import Pipeline
+
+    @ray.remote(num_cpus=0)
+    class Owner:  # stands for a Tune trial, or a job's driver
+        def start(self, out: str) -> str:
+            self.p = Pipeline(load_config("pipelines/configs/tiny.yaml", [f"run.output_dir={out}",
+                                                                          "run.serve_http_port=8179"]))
+            self.p.start(train=False)  # the critic app and the engines
+            return self.p.critic_params.app_name
+
+    ray.init(num_cpus=4, include_dashboard=False)
+    try:
+        owners = [Owner.remote() for _ in range(2)]
+        doomed, kept = ray.get([o.start.remote(str(tmp_path / str(i))) for i, o in enumerate(owners)])
+        watcher = ray.get_actor(reaper.REAPER, namespace=reaper.NAMESPACE)
+        assert ray.get(watcher.watching.remote()) == sorted([doomed, kept])
+        ray.kill(owners[0])  # no stop(): the run's process is gone
+        deadline = time.time() + 60
+        while doomed in serve.status().applications and time.time() < deadline:
+            time.sleep(1)
+        assert doomed not in serve.status().applications and kept in serve.status().applications
+        assert ray.get(watcher.watching.remote()) == [kept]
+        ray.get(owners[1].__ray_call__.remote(lambda self: self.p.stop()))
+        assert kept not in serve.status().applications
+        deadline = time.time() + 30  # nothing left to watch: the reaper goes too
+        while time.time() < deadline and reaper.REAPER in [a.get("name") for a in ray.util.list_named_actors(True)]:
+            time.sleep(1)
+        assert reaper.REAPER not in [a.get("name") for a in ray.util.list_named_actors(True)]
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
 @pytest.mark.integration
 def test_two_concurrent_training_runs_each_get_only_their_own_plugin_critics_critiques(tmp_path):
     """Two runs training at the same time on one Ray, each with a plugin critic of its own:

@@ -478,6 +478,47 @@ def test_tune_runs_a_two_trial_grid(tmp_path):
         assert saved["trainer"]["lr"] == lr and (Path(r.path) / "rltf" / "summary.json").is_file()
 
 
+@pytest.mark.integration
+@pytest.mark.slow
+def test_tune_checkpoints_let_pbt_continue_a_trial_from_anothers(tmp_path):
+    """Each trial reports its run's state as a Tune checkpoint (here after every step), so
+    PBT's exploit continues the weaker trial from the stronger one's checkpoint, with a
+    learning rate of its own, instead of starting it over."""
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    config = (rltf_ray.RLTFConfig.from_yaml(TINY).training(num_workers=1).run(steps=2, checkpoint_every=1)
+              .evaluation(prompts=2))
+    pbt = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=1, metric="lr",
+                                  mode="max", quantile_fraction=0.5, resample_probability=0.0, synch=True,
+                                  hyperparam_mutations={"trainer.lr": [1e-3, 1e-4]})
+    ray.init(num_cpus=8, include_dashboard=False)
+    try:
+        results = tune.Tuner(rltf_ray.tune_trainable(config),
+                             param_space={"trainer.lr": tune.grid_search([1e-3, 1e-4])},
+                             tune_config=tune.TuneConfig(scheduler=pbt, max_concurrent_trials=2),
+                             run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), name="pbt")).fit()
+    finally:
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+    assert len(results) == 2 and not results.errors
+    rows = {}
+    for r in results:
+        lines = (Path(r.path) / "rltf" / "metrics.jsonl").read_text().splitlines()
+        rows[r.path] = [json.loads(x) for x in lines]
+        assert [m["step"] for m in rows[r.path]] == [0, 1] and r.metrics["policy_version"] == 2
+        assert r.checkpoint is not None
+        with r.checkpoint.as_directory() as d:  # the run's state, without its rollouts
+            assert (Path(d) / "metrics.jsonl").is_file() and (Path(d) / "ray_train").is_dir()
+            assert not (Path(d) / "rollouts").exists()
+    # the weaker trial (lr 1e-4 at step 0) was continued from the stronger one's checkpoint:
+    # both histories now start with the stronger trial's step 0, and neither re-ran a step
+    assert [m[0]["lr"] for m in rows.values()] == [pytest.approx(1e-3)] * 2
+
+
 def test_the_readme_plugin_example():
     """examples/my_plugin.py is the README's quick start: its config resolves, and its task and
     critic do what the README says."""

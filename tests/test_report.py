@@ -124,3 +124,17 @@ def test_the_gain_line_pairs_by_problem_and_says_where_it_stands():
                                         "+0.500 (SE 0.289, paired by problem; within 2 SE)")
     unpaired = gain_line({**before, "greedy_correct": None}, {**after, "greedy_accuracy": 1.0})
     assert unpaired.endswith("+0.750 (SE 0.354, unpaired; more than 2 SE)")
+
+
+def test_a_run_stopped_by_the_dead_critic_guard_is_listed_not_paired(tmp_path):
+    from rltf_ray.errors import STOPPED_FILE
+
+    run_dir(tmp_path, "fixed_critic", 0, 0.0, 0.1)
+    run_dir(tmp_path, "binac", 0, 0.0, 0.3)
+    d = tmp_path / "runs" / "binac_s1"
+    d.mkdir()
+    (d / STOPPED_FILE).write_text(json.dumps({"stopped_by": "dead_critic", "error": "step 3: 3 critic updates"}))
+    assert [(r["preset"], r["seed"]) for r in finished_runs(tmp_path)] == [("binac", 0), ("fixed_critic", 0)]
+    write_report(tmp_path, "t", "fixed_critic")
+    assert ("Stopped by a guard (not in the tables above):\n- binac_s1: stopped by the dead-critic guard: "
+            "step 3: 3 critic updates\n") in (tmp_path / "runs.md").read_text()
