@@ -31,7 +31,9 @@ if [ ! -f $OUT/room_$pair.json ]; then
   # exits 3, and so stops this script, when the frozen critic leaves no room
   $PY docs/scripts/binac_room.py --config $CFG --critic $CRITIC --out $OUT/room_$pair.json --problems 128 \
       "${COMMON[@]}" "${LEARNED[@]}"
-  git add $OUT/room_$pair.json $OUT/critic_warmstart_$pair.json
+fi
+if ! git ls-files --error-unmatch $OUT/room_$pair.json > /dev/null 2>&1; then
+  git add -f $OUT/room_$pair.json $OUT/critic_warmstart_$pair.json
   git commit -q -m "results/binac_learnable: room check on warm starts $pair" -- $OUT/room_$pair.json \
       $OUT/critic_warmstart_$pair.json
 fi
