@@ -15,7 +15,7 @@ _PUBLIC = {
     "register_critic": "rltf_ray.critics",
     "RLTFConfig": "rltf_ray.api",
     "RLTF": "rltf_ray.api",
-    "tune_trainable": "rltf_ray.api",
+    "tune_trainable": "rltf_ray.tuning",
     "preset_names": "rltf_ray.loading",
     "ConfigError": "rltf_ray.errors",
 }

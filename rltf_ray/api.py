@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import shutil
-import tempfile
 from pathlib import Path
 
 import yaml
@@ -247,93 +245,3 @@ class RLTF:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-class _TrialRun:
-    """One Tune trial's run, in an actor of its own outside the trial's placement group: Tune
-    puts a trial's children in that group, and Serve's and Ray Train's controllers cannot live
-    in one; from here the run asks the cluster for its resources as it does outside Tune."""
-
-    def __init__(self, data: dict, overrides: list[str], restore: str | None = None):
-        self.algo = RLTFConfig(data).override(*overrides).build()
-        if restore is not None:
-            self.algo.restore(restore)
-
-    def train(self) -> tuple[dict, str | None] | None:
-        """The next step's metrics row, and the output dir when the learner checkpointed
-        after it (`run.checkpoint_every`, and the last step; committed before the row comes)."""
-        pipe = self.algo._pipe
-        if pipe is not None and pipe.finished:
-            return None
-        row = self.algo.train()
-        return row, str(self.algo._pipe.out) if row.get("seconds_checkpoint") else None
-
-    def stop(self) -> None:
-        self.algo.stop()
-
-
-def tune_metrics(row: dict, prefix: str = "") -> dict:
-    """A step's metrics row as Tune takes it: the numbers, nested ones (the held-out
-    evaluation of `run.eval_every`) flattened as `eval/greedy_accuracy`, so that trials can be
-    compared and chosen on them."""
-    out = {}
-    for k, v in row.items():
-        if isinstance(v, dict):
-            out.update(tune_metrics(v, f"{prefix}{k}/"))
-        elif isinstance(v, (int, float, bool)):
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-# What a Tune checkpoint leaves out of a run's output dir: a resumed run needs its state,
-# metrics and weights, not the rollouts it trained on or its TensorBoard events.
-NOT_RESTORED = ("rollouts", "tensorboard")
-
-
-def tune_trainable(base: RLTFConfig):
-    """A Ray Tune function trainable over `base`: each trial's config maps override keys
-    (`"trainer.lr"`, `"pipeline.critic.critic"`) to values, runs `run.steps` steps in the
-    trial's own folder and reports every step's metrics.
-
-        tuner = tune.Tuner(rltf_ray.tune_trainable(config),
-                           param_space={"trainer.lr": tune.grid_search([1e-5, 3e-5])})
-    """
-    data, overrides = base.to_dict(), list(base._overrides)
-    base.resolve()  # a bad config fails here, not in every trial
-
-    def trainable(params: dict) -> None:
-        import ray
-        from ray import tune
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        ctx = tune.get_context()
-        out = Path(ctx.get_trial_dir()) / "rltf"
-        mine = [*overrides, *(f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}" for k, v in params.items()),
-                # every trial has its own folder (and, as every run, its own critic app)
-                f"run.output_dir={out}"]
-        restored = tune.get_checkpoint()
-        if restored is not None:
-            # Tuner.restore, a retried trial or PBT's exploit: the checkpoint is a run's output
-            # dir; this trial's run continues from it, in its own folder, with its own params
-            shutil.rmtree(out, ignore_errors=True)
-            with restored.as_directory() as d:
-                shutil.copytree(d, out)
-            if (out / "summary.json").is_file():
-                return  # that run had finished: nothing is left to train
-        run = ray.remote(num_cpus=0)(_TrialRun).options(
-            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=None)).remote(
-                data, mine, str(out) if restored is not None else None)
-        try:
-            while (got := ray.get(run.train.remote())) is not None:
-                row, saved = got
-                if saved is None:
-                    tune.report(tune_metrics(row))
-                    continue
-                with tempfile.TemporaryDirectory() as tmp:  # Tune copies it into the trial's storage
-                    shutil.copytree(saved, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*NOT_RESTORED))
-                    tune.report(tune_metrics(row), checkpoint=tune.Checkpoint.from_directory(tmp))
-        finally:
-            ray.get(run.stop.remote())
-            ray.kill(run)
-
-    return trainable

@@ -288,7 +288,7 @@ def test_save_checkpoints_unless_this_run_already_did(tmp_path):
 
 
 def test_tune_reports_the_held_out_results_flattened():
-    from rltf_ray.api import tune_metrics
+    from rltf_ray.tuning import tune_metrics
 
     row = {"step": 3, "loss": 0.5, "actor_trained": True, "prompt_ids": ["a"], "sample_texts": "x",
            "eval": {"greedy_accuracy": 0.25, "problems": 64, "sample_texts": ["t"]}, "rows_per_engine": {"0": 32}}
@@ -481,15 +481,14 @@ def test_tune_runs_a_two_trial_grid(tmp_path):
 @pytest.mark.integration
 @pytest.mark.slow
 def test_tune_checkpoints_let_pbt_continue_a_trial_from_anothers(tmp_path):
-    """Each trial reports its run's state as a Tune checkpoint (here after every step), so
-    PBT's exploit continues the weaker trial from the stronger one's checkpoint, with a
-    learning rate of its own, instead of starting it over."""
+    """A trial saves its run's state as a Tune checkpoint when Tune asks, so PBT's exploit
+    continues the weaker trial from the stronger one's checkpoint, with a learning rate of its
+    own, instead of starting it over; and a paused trial stops its run in order."""
     import ray
     from ray import tune
     from ray.tune.schedulers import PopulationBasedTraining
 
-    config = (rltf_ray.RLTFConfig.from_yaml(TINY).training(num_workers=1).run(steps=2, checkpoint_every=1)
-              .evaluation(prompts=2))
+    config = rltf_ray.RLTFConfig.from_yaml(TINY).training(num_workers=1).run(steps=2).evaluation(prompts=2)
     pbt = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=1, metric="lr",
                                   mode="max", quantile_fraction=0.5, resample_probability=0.0, synch=True,
                                   hyperparam_mutations={"trainer.lr": [1e-3, 1e-4]})
@@ -498,7 +497,9 @@ def test_tune_checkpoints_let_pbt_continue_a_trial_from_anothers(tmp_path):
         results = tune.Tuner(rltf_ray.tune_trainable(config),
                              param_space={"trainer.lr": tune.grid_search([1e-3, 1e-4])},
                              tune_config=tune.TuneConfig(scheduler=pbt, max_concurrent_trials=2),
-                             run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), name="pbt")).fit()
+                             run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), name="pbt",
+                                                       checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True))
+                             ).fit()
     finally:
         from ray import serve
 

@@ -1,0 +1,139 @@
+"""Ray Tune: a run as a Tune trainable (`rltf_ray.tune_trainable(config)`), with checkpoints
+that PBT, trial retries and `Tuner.restore` continue from (docs/guide.md, "Ray Tune").
+
+A class trainable rather than a function one: Tune calls `cleanup()` and waits for it before
+it ends a trial's actor (an early stop, PBT pausing a trial), so the run stops its learner,
+engines and critic app in order. A function trainable is ended while it still runs, which
+leaves Ray Train's placement group to Ray Train's own cleaner and the critic app to the
+reaper (`rltf_ray/reaper.py`, which still covers a trial whose process dies).
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+from rltf_ray.api import RLTFConfig
+
+# What a checkpoint leaves out of a run's output dir: a resumed run needs its learner state,
+# metrics, config and weights, not the rollouts it trained on or its TensorBoard events.
+NOT_RESTORED = ("rollouts", "tensorboard")
+
+
+class _TrialRun:
+    """One trial's run, in an actor of its own outside the trial's placement group: Tune
+    puts a trial's children in that group, and Serve's and Ray Train's controllers cannot live
+    in one; from here the run asks the cluster for its resources as it does outside Tune."""
+
+    def __init__(self, data: dict, overrides: list[str], restore: str | None = None):
+        self.algo = RLTFConfig(data).override(*overrides).build()
+        if restore is not None:
+            self.algo.restore(restore)
+
+    def train(self) -> tuple[dict, bool]:
+        """The next step's metrics row, and whether it was the run's last."""
+        row = self.algo.train()
+        return row, self.algo._pipe.finished
+
+    def save(self) -> str:
+        """The learner's state after the steps so far, committed; returns the output dir."""
+        return self.algo.save()
+
+    def stop(self) -> None:
+        self.algo.stop()
+
+
+def tune_metrics(row: dict, prefix: str = "") -> dict:
+    """A step's metrics row as Tune takes it: the numbers, nested ones (the held-out
+    evaluation of `run.eval_every`) flattened as `eval/greedy_accuracy`, so that trials can be
+    compared and chosen on them."""
+    out = {}
+    for k, v in row.items():
+        if isinstance(v, dict):
+            out.update(tune_metrics(v, f"{prefix}{k}/"))
+        elif isinstance(v, (int, float, bool)):
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def trial_folder(trainable) -> Path:
+    """Where a trial's run writes: the trial's own folder in Tune's storage when that is a
+    local path (what `Result.path` names), else the trial's working directory, which Tune
+    copies to storage under `SyncConfig(sync_artifacts=True)`."""
+    import pyarrow.fs
+
+    storage = getattr(trainable, "_storage", None)  # Tune's StorageContext (no public accessor)
+    if storage is not None and isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+        return Path(storage.trial_fs_path)
+    return Path(trainable.logdir)
+
+
+def tune_trainable(base: RLTFConfig):
+    """A Ray Tune trainable over `base`: each trial's config maps override keys
+    (`"trainer.lr"`, `"pipeline.critic.critic"`) to values, runs `run.steps` steps in the
+    trial's own folder and reports every step's metrics. Its checkpoints are the run's output
+    dir (without rollouts): Tune saves one when `CheckpointConfig(checkpoint_frequency=...)`
+    or PBT asks, and a trial restored from one continues after its step, with its own params.
+
+        tuner = tune.Tuner(rltf_ray.tune_trainable(config),
+                           param_space={"trainer.lr": tune.grid_search([1e-5, 3e-5])})
+    """
+    from ray import tune
+
+    data, overrides = base.to_dict(), list(base._overrides)
+    base.resolve()  # a bad config fails here, not in every trial
+
+    class RLTFTrainable(tune.Trainable):
+        def setup(self, config: dict) -> None:
+            self.out = trial_folder(self) / "rltf"
+            self.mine = [*overrides, *(f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"
+                                       for k, v in config.items()),
+                         # every trial has its own folder (and, as every run, its own critic app)
+                         f"run.output_dir={self.out}"]
+            self.finished = False
+            self.run = self._start()  # built, not started: that waits for the first step
+
+        def _start(self, restore: str | None = None):
+            import ray
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            return ray.remote(num_cpus=0)(_TrialRun).options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=None)).remote(
+                    data, self.mine, restore)
+
+        def step(self) -> dict:
+            import ray
+
+            if self.finished:  # restored from the checkpoint of a finished run
+                return {"done": True}
+            row, self.finished = ray.get(self.run.train.remote())
+            return {**tune_metrics(row), "done": self.finished}
+
+        def save_checkpoint(self, checkpoint_dir: str) -> None:
+            import ray
+
+            saved = ray.get(self.run.save.remote())
+            shutil.copytree(saved, checkpoint_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*NOT_RESTORED))
+
+        def load_checkpoint(self, checkpoint_dir: str) -> None:
+            # Tuner.restore, a retried trial or PBT's exploit: this trial's run continues from
+            # that run's state, in its own folder, with its own params
+            import ray
+
+            ray.get(self.run.stop.remote())
+            ray.kill(self.run)
+            shutil.rmtree(self.out, ignore_errors=True)
+            shutil.copytree(checkpoint_dir, self.out)
+            self.finished = (self.out / "summary.json").is_file()
+            self.run = self._start(str(self.out))
+
+        def cleanup(self) -> None:
+            import ray
+
+            try:
+                ray.get(self.run.stop.remote())
+            finally:
+                ray.kill(self.run)
+
+    return RLTFTrainable
