@@ -500,6 +500,10 @@ def test_tune_checkpoints_let_pbt_continue_a_trial_from_anothers(tmp_path):
                              run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), name="pbt",
                                                        checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True))
                              ).fit()
+        from ray import serve
+
+        # the paused trial stopped its run in order, as the finished ones did: no critic app is left
+        assert not [a for a in serve.status().applications if a.startswith("rltf_critic")]
     finally:
         from ray import serve
 

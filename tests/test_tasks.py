@@ -164,3 +164,22 @@ def test_convention_task_holds_out_pairs_and_never_gives_the_answer():
         assert str(p["answer"]) not in t.critique("0", p)
     with pytest.raises(CE, match="task.params.rule: expected one of concat, swap"):
         get_task(TaskConfig(name="convention", params={"rule": "xor"}))
+
+
+def test_a_task_that_can_score_nothing_is_refused_when_built():
+    from rltf_ray.tasks.base import Task
+
+    class Unscored(Task):  # neither check() nor score()
+        name = "unscored"
+
+    with pytest.raises(ConfigError, match=r"task unscored \(.*Unscored\): it can score nothing; implement "
+                                          r"check\(answer, meta\) .* or score\(text, meta\)"):
+        Unscored(TaskConfig(name="unscored"))
+
+    class Checked(Task):
+        name = "checked"
+
+        def check(self, answer, meta):
+            return answer == str(meta["answer"])
+
+    assert Checked(TaskConfig(name="checked")).score("<answer>4</answer>", {"answer": 4}).correct

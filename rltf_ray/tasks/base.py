@@ -60,6 +60,9 @@ class Task(ABC):
 
     def __init__(self, cfg: "TaskConfig"):
         self.cfg = cfg
+        if type(self).check is Task.check and type(self).score is Task.score:
+            raise ConfigError(f"task {self.name} ({type(self).__qualname__}): it can score nothing; implement "
+                              "check(answer, meta) (is the extracted answer right?) or score(text, meta) (any reward)")
         if cfg.extraction not in ("tag", "last_number"):
             raise ConfigError(f"task.extraction: expected 'tag' or 'last_number', got {cfg.extraction!r}")
         given = dict(cfg.params or {})
@@ -138,8 +141,11 @@ class Task(ABC):
         return nums[-1].replace(",", "") if nums else None
 
     def check(self, answer: str, meta: dict) -> bool:
-        """Whether the extracted `answer` is correct for this problem (override this or `score`)."""
-        raise NotImplementedError(f"task {self.name}: implement check(answer, meta) or score(text, meta)")
+        """Whether the extracted `answer` is correct for this problem (override this or `score`;
+        a task with neither is refused when it is built)."""
+        # reached only from a score() override that calls Task.score without a check()
+        raise TypeError(f"task {self.name}: Task.score calls check(answer, meta), which "
+                        f"{type(self).__qualname__} does not implement")
 
     def score(self, text: str, meta: dict) -> Score:
         """The reward of a whole response `text` for the problem `meta`: Score(reward, correct,
