@@ -12,7 +12,9 @@ run's own output folder), `runs.jsonl` (every number), `table.md`, `runs.md` (on
 the same along the way) and `curves.png`, rewritten
 after every finished run; `pipelines/report.py results/NAME` rebuilds them from the run
 folders' metrics.jsonl and summary.json alone (what --git-commit commits).
-A finished run (its summary.json exists) is not run again, so a stopped comparison resumes.
+A finished run (its summary.json exists) is not run again, so a stopped comparison resumes;
+nor is a run that the dead-critic guard stopped (its stopped.json exists), which the report
+lists as stopped while the comparison goes on with the others.
 A finished local run's resume state (`ray_train/`) is deleted unless --keep-resume-state.
 
 Locally the runs go one after another, each as its own `pipelines/run.py` process (a fresh
@@ -51,16 +53,27 @@ def run_local(args, preset: str, seed: int, out: Path) -> None:
     t = time.perf_counter()
     with open(log, "w") as f:
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
-    if rc == DEAD_CRITIC_EXIT and (out / STOPPED_FILE).is_file():
-        # the run's critic trained on nothing: reported as stopped by the guard (runs.md), the
-        # comparison goes on, and the run is not made again on resume
-        why = json.loads((out / STOPPED_FILE).read_text())["error"]
-        print(f"[compare] {preset} seed {seed}: STOPPED by the dead-critic guard: {why}", flush=True)
+    if rc == DEAD_CRITIC_EXIT and stopped_by_guard(preset, seed, out):
+        drop_resume_state(args, out)
         return
     if rc != 0:
         tail = log.read_text()[-2000:]
         raise SystemExit(f"[compare] {preset} seed {seed} failed (exit {rc}); end of {log}:\n{tail}")
     print(f"[compare] {preset} seed {seed}: done in {time.perf_counter() - t:.0f}s", flush=True)
+    drop_resume_state(args, out)
+
+
+def stopped_by_guard(preset: str, seed: int, out: Path) -> bool:
+    """Whether a failed run was stopped by the dead-critic guard (its STOPPED_FILE): such a
+    run is reported as stopped (runs.md), the comparison goes on, and it is not made again."""
+    if not (out / STOPPED_FILE).is_file():
+        return False
+    why = json.loads((out / STOPPED_FILE).read_text())["error"]
+    print(f"[compare] {preset} seed {seed}: STOPPED by the dead-critic guard: {why}", flush=True)
+    return True
+
+
+def drop_resume_state(args, out: Path) -> None:
     resume_state = out / "ray_train"
     if not args.keep_resume_state and resume_state.is_dir():
         # A finished run needs no resume state, and it is the bulk of a run's disk (2.1 GB of
@@ -75,10 +88,11 @@ def run_cluster(args, todo: list[tuple[str, int, Path]], address: str) -> None:
 
     client = JobSubmissionClient(address)
     env = {"working_dir": str(ROOT), "excludes": [".venv", ".git", "outputs", "results"]}
-    jobs = {}
+    jobs, out_of = {}, {}
     for preset, seed, out in todo:
         entry = " ".join(["python", "pipelines/run.py", *run_args(args, preset, seed, out)])
-        jobs[client.submit_job(entrypoint=entry, runtime_env=env)] = (preset, seed)
+        job_id = client.submit_job(entrypoint=entry, runtime_env=env)
+        jobs[job_id], out_of[job_id] = (preset, seed), out
         print(f"[compare] submitted {preset} seed {seed}", flush=True)
     while jobs:
         time.sleep(10)
@@ -87,7 +101,7 @@ def run_cluster(args, todo: list[tuple[str, int, Path]], address: str) -> None:
             if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
                 del jobs[job_id]
                 print(f"[compare] {preset} seed {seed}: {status}", flush=True)
-                if status != JobStatus.SUCCEEDED:
+                if status != JobStatus.SUCCEEDED and not stopped_by_guard(preset, seed, out_of[job_id]):
                     raise SystemExit(client.get_job_logs(job_id)[-2000:])
 
 

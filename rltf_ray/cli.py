@@ -59,6 +59,7 @@ def run_main(argv=None) -> int:
             return _describe(cfg, args.graph, args.dry_run)
         from rltf_ray.runner import run
 
+        Path(cfg.run.output_dir, STOPPED_FILE).unlink(missing_ok=True)  # an earlier attempt's, if any
         summary = run(cfg)
     except ConfigError as e:  # before anything started (e.g. bad rows in a prompt file)
         print(f"config error: {e}", file=sys.stderr)

@@ -35,12 +35,12 @@ class CriticReaper:
         self.loop: asyncio.Task | None = None
         self.closing = False
 
-    async def watch(self, app: str, lease: list) -> bool:
-        """Watch `app` until its run's `lease` (a one-element list, so that the handle is
-        passed, not awaited) dies. False when this reaper is already on its way out."""
+    async def watch(self, app: str, lease) -> bool:
+        """Watch `app` until its run's `lease` dies. False when this reaper is already on its
+        way out (the caller then starts a fresh one)."""
         if self.closing:
             return False
-        self.apps[app] = lease[0]
+        self.apps[app] = lease
         if self.loop is None or self.loop.done():
             self.loop = asyncio.get_running_loop().create_task(self._poll())
         return True
@@ -60,13 +60,16 @@ class CriticReaper:
             for app, lease in list(self.apps.items()):
                 try:
                     await asyncio.wait_for(lease.ping.remote(), POLL_S * 6)
-                except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError):
+                except ray.exceptions.ActorDiedError:  # dead for good, with its owner
                     if self.apps.pop(app, None) is not None:
                         print(f"[rltf reaper] the run of critic app '{app}' ended without stopping: deleting it",
                               flush=True)
-                        serve.delete(app, _blocking=False)
-                except asyncio.TimeoutError:
-                    pass  # a busy node; asked again at the next poll
+                        try:
+                            serve.delete(app, _blocking=False)
+                        except Exception as e:  # Serve itself gone: nothing left to delete
+                            print(f"[rltf reaper] could not delete '{app}': {type(e).__name__}: {e}", flush=True)
+                except (asyncio.TimeoutError, ray.exceptions.RayActorError):
+                    pass  # a busy or briefly unreachable node: a live run keeps its app; asked again
         self.closing = True
         ray.kill(ray.get_runtime_context().current_actor)  # detached: nothing else would end it
 
@@ -74,12 +77,16 @@ class CriticReaper:
 def watch(app: str):
     """Have the cluster's reaper delete `app` if this process dies without `release`; returns
     the lease (keep it: it is what the reaper pings)."""
-    lease = Lease.remote()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # on this process's node, so that only this process's end (not another node's) ends it
+    lease = Lease.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+        ray.get_runtime_context().get_node_id(), soft=False)).remote()
     for _ in range(3):  # a reaper that is exiting as this run arrives: start a fresh one
         reaper = CriticReaper.options(name=REAPER, namespace=NAMESPACE, lifetime="detached",
                                       get_if_exists=True).remote()
         try:
-            if ray.get(reaper.watch.remote(app, [lease])):
+            if ray.get(reaper.watch.remote(app, lease)):
                 return lease
         except ray.exceptions.RayActorError:
             pass
@@ -92,6 +99,6 @@ def release(app: str, lease) -> None:
     try:
         reaper = ray.get_actor(REAPER, namespace=NAMESPACE)
         ray.get(reaper.forget.remote(app))
-    except ValueError:  # no reaper: it had exited, so it watched nothing
+    except (ValueError, ray.exceptions.RayError):  # no reaper (it had exited), or one on its way out
         pass
     ray.kill(lease)

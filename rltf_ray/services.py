@@ -174,12 +174,13 @@ class Services:
             self.deployed_critic = False
         else:
             start_serve(self.cfg.run.serve_http_port)
+            # on a Ray that outlives this process, the app goes with it even if this process
+            # dies without stop() (a killed job, a trial's lost node), deploying included:
+            # rltf_ray.reaper
+            self.critic_lease = None if self.started_ray else reaper.watch(crit.app_name)
+            self.deployed_critic = True  # from here on stop() deletes it, deployed or half so
             serve.run(build_critic_app(self.cfg.task, crit, learned, plugins=self.cfg.plugins),
                       name=crit.app_name, route_prefix=f"/{crit.app_name}")
-            self.deployed_critic = True
-            # on a Ray that outlives this process, the app goes with it even if this process
-            # dies without stop() (a Tune trial stopped early, a killed job): rltf_ray.reaper
-            self.critic_lease = None if self.started_ray else reaper.watch(crit.app_name)
         log(f"critic app '{crit.app_name}' ready ({time.perf_counter() - t:.1f}s)")
         t = time.perf_counter()
         b = self.cfg.binac

@@ -1,11 +1,13 @@
 """Ray Tune: a run as a Tune trainable (`rltf_ray.tune_trainable(config)`), with checkpoints
 that PBT, trial retries and `Tuner.restore` continue from (docs/guide.md, "Ray Tune").
 
-A class trainable rather than a function one: Tune calls `cleanup()` and waits for it before
-it ends a trial's actor (an early stop, PBT pausing a trial), so the run stops its learner,
-engines and critic app in order. A function trainable is ended while it still runs, which
-leaves Ray Train's placement group to Ray Train's own cleaner and the critic app to the
-reaper (`rltf_ray/reaper.py`, which still covers a trial whose process dies).
+A class trainable rather than a function one: when Tune stops a trial (an early stop, PBT
+pausing it) it calls `cleanup()`, and the run stops its learner, engines and critic app in
+order. A function trainable is ended while it still runs, which leaves Ray Train's placement
+group to Ray Train's own cleaner and the critic app to the reaper (`rltf_ray/reaper.py`). At
+the end of a whole experiment Tune gives each trial's cleanup only about ten seconds before it
+kills the actor; what is left then is the reaper's. Keep `reuse_actors` off (the default):
+a trial's run cannot be reset in place.
 """
 from __future__ import annotations
 
@@ -15,10 +17,31 @@ from pathlib import Path
 import yaml
 
 from rltf_ray.api import RLTFConfig
+from rltf_ray.report import read_metrics
+from rltf_ray.services import LEARNER
 
 # What a checkpoint leaves out of a run's output dir: a resumed run needs its learner state,
-# metrics, config and weights, not the rollouts it trained on or its TensorBoard events.
+# metrics, config and latest weights, not the rollouts it trained on or its TensorBoard events.
 NOT_RESTORED = ("rollouts", "tensorboard")
+
+
+def not_restored(folder: str, names: list[str]) -> list[str]:
+    """shutil.copytree's `ignore`: NOT_RESTORED, and every checkpoints/step_N but the newest
+    (copying them all would make each checkpoint bigger than the last)."""
+    skip = [n for n in names if n in NOT_RESTORED]
+    if Path(folder).name == "checkpoints":
+        steps = sorted((int(n.split("_")[1]), n) for n in names if n.startswith("step_") and n[5:].isdigit())
+        skip += [n for _, n in steps[:-1]]
+    return skip
+
+
+def copy_tree(src: str, dst: str) -> None:
+    """A folder from `src` to `dst` (local paths or URIs such as s3://), replacing `dst`."""
+    import pyarrow.fs
+
+    fs, path = pyarrow.fs.FileSystem.from_uri(dst) if "://" in dst else (pyarrow.fs.LocalFileSystem(), dst)
+    fs.delete_dir_contents(path, missing_dir_ok=True)
+    pyarrow.fs.copy_files(src, dst)
 
 
 class _TrialRun:
@@ -91,30 +114,40 @@ def tune_trainable(base: RLTFConfig):
                                        for k, v in config.items()),
                          # every trial has its own folder (and, as every run, its own critic app)
                          f"run.output_dir={self.out}"]
-            self.finished = False
+            shared = RLTFConfig(data).override(*self.mine).resolve().run.storage_path
+            # a learner storage of the trial's own: one shared by trials would resume another's
+            self.storage = f"{shared.rstrip('/')}/{self.trial_id}" if shared else None
+            if self.storage:
+                self.mine.append(f"run.storage_path={self.storage}")
+            self.finished = self.trained = False
             self.run = self._start()  # built, not started: that waits for the first step
 
         def _start(self, restore: str | None = None):
             import ray
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            return ray.remote(num_cpus=0)(_TrialRun).options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=None)).remote(
-                    data, self.mine, restore)
+            # on this node, which holds the run's output dir that checkpoints copy; with a
+            # strategy of its own it is outside the trial's placement group
+            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+            return ray.remote(num_cpus=0)(_TrialRun).options(scheduling_strategy=here).remote(
+                data, self.mine, restore)
 
         def step(self) -> dict:
             import ray
 
-            if self.finished:  # restored from the checkpoint of a finished run
-                return {"done": True}
+            if self.finished:  # restored from the checkpoint of a finished run: its last row
+                return {**tune_metrics(read_metrics(self.out)[-1]), "done": True}
             row, self.finished = ray.get(self.run.train.remote())
+            self.trained = True
             return {**tune_metrics(row), "done": self.finished}
 
         def save_checkpoint(self, checkpoint_dir: str) -> None:
             import ray
 
-            saved = ray.get(self.run.save.remote())
-            shutil.copytree(saved, checkpoint_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*NOT_RESTORED))
+            saved = ray.get(self.run.save.remote()) if self.trained else str(self.out)
+            shutil.copytree(saved, checkpoint_dir, dirs_exist_ok=True, ignore=not_restored)
+            if self.storage:  # the learner's state lives outside the output dir
+                copy_tree(f"{self.storage}/{LEARNER}", f"{checkpoint_dir}/ray_train/{LEARNER}")
 
         def load_checkpoint(self, checkpoint_dir: str) -> None:
             # Tuner.restore, a retried trial or PBT's exploit: this trial's run continues from
@@ -125,6 +158,8 @@ def tune_trainable(base: RLTFConfig):
             ray.kill(self.run)
             shutil.rmtree(self.out, ignore_errors=True)
             shutil.copytree(checkpoint_dir, self.out)
+            if self.storage:
+                copy_tree(f"{checkpoint_dir}/ray_train/{LEARNER}", f"{self.storage}/{LEARNER}")
             self.finished = (self.out / "summary.json").is_file()
             self.run = self._start(str(self.out))
 

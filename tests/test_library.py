@@ -287,6 +287,21 @@ def test_save_checkpoints_unless_this_run_already_did(tmp_path):
     assert asked == [2]
 
 
+def test_a_tune_checkpoint_is_the_runs_state_without_rollouts_or_older_weights(tmp_path):
+    from rltf_ray.tuning import not_restored
+
+    run = tmp_path / "run"
+    for f in ["metrics.jsonl", "config.yaml", "rollouts/step_0.parquet", "tensorboard/events",
+              "ray_train/rltf-learner/checkpoint_1/state.json", "checkpoints/step_2/model.safetensors",
+              "checkpoints/step_10/model.safetensors", "checkpoints/step_10/critic/model.safetensors"]:
+        (run / f).parent.mkdir(parents=True, exist_ok=True)
+        (run / f).write_text("x")
+    shutil.copytree(run, tmp_path / "ckpt", ignore=not_restored)
+    got = sorted(str(p.relative_to(tmp_path / "ckpt")) for p in (tmp_path / "ckpt").rglob("*") if p.is_file())
+    assert got == ["checkpoints/step_10/critic/model.safetensors", "checkpoints/step_10/model.safetensors",
+                   "config.yaml", "metrics.jsonl", "ray_train/rltf-learner/checkpoint_1/state.json"]
+
+
 def test_tune_reports_the_held_out_results_flattened():
     from rltf_ray.tuning import tune_metrics
 
@@ -502,7 +517,7 @@ def test_tune_checkpoints_let_pbt_continue_a_trial_from_anothers(tmp_path):
                              ).fit()
         from ray import serve
 
-        # the paused trial stopped its run in order, as the finished ones did: no critic app is left
+        # the paused trial's run ended, as the finished ones did: no critic app is left
         assert not [a for a in serve.status().applications if a.startswith("rltf_critic")]
     finally:
         from ray import serve

@@ -183,3 +183,9 @@ def test_a_task_that_can_score_nothing_is_refused_when_built():
             return answer == str(meta["answer"])
 
     assert Checked(TaskConfig(name="checked")).score("<answer>4</answer>", {"answer": 4}).correct
+
+    class Judged(Task):  # no verifier: its rewards come from the critic, so it needs neither
+        name = "judged"
+        has_verifier = False
+
+    Judged(TaskConfig(name="judged"))

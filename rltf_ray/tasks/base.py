@@ -60,7 +60,7 @@ class Task(ABC):
 
     def __init__(self, cfg: "TaskConfig"):
         self.cfg = cfg
-        if type(self).check is Task.check and type(self).score is Task.score:
+        if self.has_verifier and type(self).check is Task.check and type(self).score is Task.score:
             raise ConfigError(f"task {self.name} ({type(self).__qualname__}): it can score nothing; implement "
                               "check(answer, meta) (is the extracted answer right?) or score(text, meta) (any reward)")
         if cfg.extraction not in ("tag", "last_number"):
@@ -143,9 +143,10 @@ class Task(ABC):
     def check(self, answer: str, meta: dict) -> bool:
         """Whether the extracted `answer` is correct for this problem (override this or `score`;
         a task with neither is refused when it is built)."""
-        # reached only from a score() override that calls Task.score without a check()
-        raise TypeError(f"task {self.name}: Task.score calls check(answer, meta), which "
-                        f"{type(self).__qualname__} does not implement")
+        # reached only from a task that overrides score() but calls Task.score or the default
+        # critique(), which use check()
+        raise TypeError(f"task {self.name}: the default score() and critique() call check(answer, meta), "
+                        f"which {type(self).__qualname__} does not implement")
 
     def score(self, text: str, meta: dict) -> Score:
         """The reward of a whole response `text` for the problem `meta`: Score(reward, correct,
