@@ -118,6 +118,7 @@ def test_stop_ends_everything_the_run_started_on_a_ray_that_outlives_it(tmp_path
         ray.shutdown()
 
 
+@pytest.mark.integration
 def test_a_run_that_dies_without_stopping_loses_its_critic_app(tmp_path):
     """The case Tune's early stop and a killed job make: the process that started the run
     dies, Ray ends the actors it owned, and the reaper deletes the critic app that Serve's
