@@ -96,7 +96,7 @@ class EngineConfig:
     # CAP_SYS_NICE or `ulimit -r` >= 1 on the engine's node; CPU engines only.
     realtime: bool = False
     # GPU engines (trainer.weight_sync=nccl): the share of each GPU vLLM may take (the rest
-    # is left to a learner on the same GPU), and GPUs per engine (vLLM tensor parallelism).
+    # is left to a learner on the same GPU).
     gpu_memory_utilization: float = 0.5
     tensor_parallel_size: int = 1  # GPUs per engine (vLLM tensor parallelism; GPU engines only)
 
@@ -137,8 +137,8 @@ class TrainerConfig:
     gradient_checkpointing: bool = False
     cpu_threads_per_worker: int = 1  # torch threads per training worker (CPU)
     # How new weights reach the engines: "object_store" (CPU engines, through Ray's object
-    # store), "nccl" (GPU: a broadcast from trainer rank 0 into every engine worker; never
-    # run here) or "gloo" (the same broadcast protocol between CPU processes).
+    # store), "nccl" (GPU: a broadcast from trainer rank 0 into every engine worker; not
+    # yet run) or "gloo" (the same broadcast protocol between CPU processes).
     weight_sync: str = "object_store"
     # Custom Ray resources each training worker requires (e.g. {trainer_node: 1}).
     resources: dict = field(default_factory=dict)

@@ -59,7 +59,7 @@ class GenerateParams:
 
 @dataclass(frozen=True)
 class CritiqueParams:
-    critic: str = "programmatic"  # programmatic, llm_judge, openai, learned, or a critic a plugin registers
+    critic: str = "programmatic"  # programmatic, correctness_only, llm_judge, openai, learned, or a plugin's critic
     # The Serve app a run deploys its critic under. None: a name of the run's own,
     # rltf_critic_<run id>, so that runs sharing a cluster never share (or delete) a critic;
     # a name given here must not be running already. With attach: the running app to use
@@ -89,7 +89,7 @@ class CritiqueParams:
     judge_kv_cache_gib: float = 1.0  # llm_judge on CPU: its engine's KV cache in GiB
     judge_num_cpus: float = 1.0  # llm_judge: CPUs each judge replica holds
     # llm_judge: GPUs each replica holds; > 0 runs a CUDA vLLM judge (tensor-parallel over
-    # them when a whole number above 1). Written for GPUs, not run on one here.
+    # them when a whole number above 1). Written for GPUs, not yet run on one.
     judge_num_gpus: float = 0.0
     judge_gpu_memory_utilization: float = 0.85  # llm_judge on GPU: the share of its GPU(s) vLLM may take
     # openai: an OpenAI-compatible endpoint; the key is read from env var `api_key_env`.

@@ -1,7 +1,7 @@
 """The critic as a standalone Serve application.
 
-    serve run serve.critic_app:app                                  # programmatic arithmetic critic
-    serve run serve.critic_app:app_builder task=math critic=llm_judge   # args: see below
+    serve run --route-prefix /rltf_critic serve.critic_app:app       # programmatic arithmetic critic
+    serve run --route-prefix /rltf_critic serve.critic_app:app_builder task=math critic=llm_judge
     serve deploy serve/critic.yaml                                  # on a running cluster
 
 Builder args: task (a task name), extraction, critic (programmatic | correctness_only |
