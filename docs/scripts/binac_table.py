@@ -91,6 +91,16 @@ def main() -> int:
               f"{cell([f[1] for f in fix])} | {cell([h[0] for h in rew]) if learned else '-'} | "
               f"{cell([h[1] for h in rew]) if learned else '-'} | {cell(ident) if learned else '-'} | "
               f"{cell([r['seconds'] / 60 for r in rs])} |")
+    print("\nEach learned-critic run's critic updates: the share of update groups whose K critiques "
+          "all earned the same reward (no gradient), averaged over the updates.\n\n"
+          "| run | critic updates | zero-advantage share, mean | min | max | below 0.5 |\n" + "| --- " * 6 + "|")
+    for (preset, seed), r in sorted(runs.items()):
+        zero = [m["critic_zero_advantage_fraction"] for m in read_steps(r)
+                if m.get("critic_trained") and m.get("critic_zero_advantage_fraction") is not None]
+        if preset in ("binac", "binac_no_bilevel") and zero:
+            m = sum(zero) / len(zero)
+            print(f"| `{preset}` s{seed} | {len(zero)} | {m:.3f} | {min(zero):.3f} | {max(zero):.3f} | "
+                  f"{'yes' if m < 0.5 else 'no'} |")
     stopped = stopped_runs(root)
     if stopped:
         print("\nStopped by a guard:\n" + "\n".join(stopped))
