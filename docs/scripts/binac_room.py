@@ -15,7 +15,10 @@ mean over its K critiques), each with its SE over problems, and their difference
 problem; the share of attempts whose K critiques fix differently (groups where the critic's
 GRPO has a non-zero advantage); identical critique pairs; verdict-line rate; the share of
 critiques that state the task's rule. Exits 3, with the numbers, when the frozen critic's fix
-rate is within 2 SE of the programmatic critique's: no room, so no comparison may start.
+rate is within 2 SE of the programmatic critique's (or closer than --min-room): no room, so no
+comparison may start; and, with --min-differing, when fewer attempts than that share have
+critiques that fix differently: too little signal for the critic's GRPO update (its
+zero-advantage share would be high), so no comparison may start either.
 """
 from __future__ import annotations
 
@@ -45,6 +48,10 @@ def main() -> int:
     ap.add_argument("--critic", required=True, help="the critic's HF folder (frozen)")
     ap.add_argument("--problems", type=int, default=128, help="held-out problems (the evaluation's come first)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--min-room", type=float, default=0.0,
+                    help="the least room (programmatic minus frozen fix rate) that passes, besides 2 SE")
+    ap.add_argument("--min-differing", type=float, default=0.0,
+                    help="the least share of attempts whose K critiques fix differently that passes")
     ap.add_argument("overrides", nargs="*", help="key=value, as for the runs (binac.temperature, ...)")
     args = ap.parse_args()
 
@@ -115,18 +122,27 @@ def main() -> int:
         if task.name == "convention" else None,
         "example_critiques": texts[:k],
     }
-    out["has_room"] = len(wrong) >= 64 and diff_m > 2 * diff_se
+    out["has_room"] = len(wrong) >= 64 and diff_m > 2 * diff_se and diff_m >= args.min_room
+    out["min_room"], out["min_differing"] = args.min_room, args.min_differing
+    out["has_signal"] = out["groups_with_differing_fixes"] >= args.min_differing
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
     print(json.dumps({k_: v for k_, v in out.items() if k_ != "example_critiques"}, indent=2))
     print(f"[room] programmatic critique fixes {best_m:.3f} (SE {best_se:.3f}) of {len(wrong)} wrong first "
           f"answers; the frozen critic {crit_m:.3f} (SE {crit_se:.3f}); room {diff_m:+.3f} (paired SE {diff_se:.3f})")
+    print(f"[room] {out['groups_with_differing_fixes']:.3f} of the attempts have critiques that fix differently")
     if not out["has_room"]:
         why = (f"only {len(wrong)} wrong first answers (need >= 64)" if len(wrong) < 64 else
                f"the frozen critic's fix rate is within 2 SE of the programmatic critique's "
-               f"({diff_m:+.3f} <= 2 x {diff_se:.3f})")
+               f"({diff_m:+.3f} <= 2 x {diff_se:.3f})" if diff_m <= 2 * diff_se else
+               f"the room {diff_m:+.3f} is below --min-room {args.min_room}")
         print(f"[room] NO ROOM: {why}. A learned critic has nothing measurable to learn here; "
               "do not start the comparison.", file=sys.stderr)
+        return 3
+    if not out["has_signal"]:
+        print(f"[room] TOO LITTLE SIGNAL: only {out['groups_with_differing_fixes']:.3f} of the attempts have "
+              f"critiques that fix differently (--min-differing {args.min_differing}); most of the critic's "
+              "update groups would have no advantage. Do not start the comparison.", file=sys.stderr)
         return 3
     return 0
 
