@@ -19,6 +19,7 @@ from rltf_ray.evaluation import mean_se  # noqa: E402
 from rltf_ray.report import finished_runs, stopped_runs  # noqa: E402
 
 SHOWN = (0.10, 3.0)
+SEEDS = 3  # registered: a difference is judged only on all of them
 CRITIC_PRESETS = ("fixed_critic", "binac_no_bilevel", "binac")
 TESTS = [  # (what, preset, its endpoint, baseline, the baseline's endpoint)
     ("primary", "binac", "system", "fixed_critic", "system"),
@@ -31,11 +32,11 @@ TESTS = [  # (what, preset, its endpoint, baseline, the baseline's endpoint)
 ]
 
 
-def endpoint(run: dict, which: str) -> float | None:
-    after = run.get("after") or {}
+def endpoint(run: dict, which: str, when: str = "after") -> float | None:
+    got = run.get(when) or {}
     if which == "system" and run["preset"] in CRITIC_PRESETS:
-        return after.get("feedback_accuracy_1")
-    return after.get("greedy_accuracy")
+        return got.get("feedback_accuracy_1")
+    return got.get("greedy_accuracy")
 
 
 def same_weights(a: dict, b: dict) -> bool:
@@ -63,7 +64,7 @@ def main() -> int:
         diffs = [endpoint(runs[a, s], ea) - endpoint(runs[b, s], eb) for s in seeds]
         m, se = mean_se(diffs)
         t = m / se if len(diffs) > 1 and se > 0 else float("nan")
-        ok = len(diffs) > 1 and m >= SHOWN[0] and t >= SHOWN[1]
+        ok = len(diffs) >= SEEDS and m >= SHOWN[0] and t >= SHOWN[1]
         per = ", ".join(f"s{s}: {d:+.3f}" for s, d in zip(seeds, diffs))
         print(f"| {what} | `{a}` − `{b}` | {ea} − {eb} | {len(seeds)} | {m:+.3f} | "
               f"{se:.3f} | {t:.2f} | {per} | {'yes' if ok else 'no'} |")
@@ -91,6 +92,18 @@ def main() -> int:
               f"{cell([f[1] for f in fix])} | {cell([h[0] for h in rew]) if learned else '-'} | "
               f"{cell([h[1] for h in rew]) if learned else '-'} | {cell(ident) if learned else '-'} | "
               f"{cell([r['seconds'] / 60 for r in rs])} |")
+    print("\nEach run, held-out before and after training (the system score before is the frozen critic's).\n\n"
+          "| run | first try before → after | system score before → after | critic fix rate, 1st / 2nd half |\n"
+          + "| --- " * 4 + "|")
+
+    def num(x):
+        return "–" if x is None else f"{x:.3f}"
+
+    for (preset, seed), r in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        fix = r.get("critic_fix_rate_halves") or [None, None]
+        print(f"| `{preset}` s{seed} | {num(endpoint(r, 'first', 'before'))} → {num(endpoint(r, 'first'))} | "
+              f"{num(endpoint(r, 'system', 'before'))} → {num(endpoint(r, 'system'))} | "
+              f"{num(fix[0])} / {num(fix[1])} |")
     print("\nEach learned-critic run's critic updates: the share of update groups whose K critiques "
           "all earned the same reward (no gradient), averaged over the updates.\n\n"
           "| run | critic updates | zero-advantage share, mean | min | max | below 0.5 |\n" + "| --- " * 6 + "|")
