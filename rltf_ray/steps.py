@@ -154,7 +154,8 @@ class StepRunner:
             # the abandoned work
             got: dict = {}
             for at in range(0, len(which), critic.batch_size):
-                got.update(ask_critic(critic, told, texts, which[at:at + critic.batch_size]))
+                # one critique each: the evaluation uses one, and K would cost K times the critic's time
+                got.update(ask_critic(critic, told, texts, which[at:at + critic.batch_size], samples=1))
             return {i: (res["critique"] if res else None, err) for i, (res, err) in got.items()}
 
         E = self.cfg.eval

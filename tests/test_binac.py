@@ -120,13 +120,15 @@ def test_the_critic_learns_and_its_engine_serves_the_checkpoint(tiny_path, tiny_
 def test_a_critic_prompt_too_long_for_the_critics_context_is_counted_never_sent(tiny_path):
     """The long attempt's critic prompt cannot fit with max_tokens: it is skipped at once and
     marked (the episode ends, as the actor's context_overflow), while the short one in the
-    same batch gets its K critiques from the engine."""
+    same batch gets its K critiques from the engine. In that batch an item asking for one
+    critique (as the held-out evaluation asks) gets one, and a bad count fails alone."""
     import asyncio
     import dataclasses
 
     import ray
 
     from rltf_ray.config import EngineConfig
+    from rltf_ray.critics.base import CriticItemError
     from rltf_ray.critics.learned import OVERFLOW, LearnedCritic
     from rltf_ray.stages.engine import start_engines
 
@@ -137,9 +139,13 @@ def test_a_critic_prompt_too_long_for_the_critics_context_is_counted_never_sent(
         critic = LearnedCritic(None, ["overflow-critic-0"], tiny_path, b, 1024)
         meta = {"answer": 5}
         items = [{"prompt": "2 + 3?", "response": "6", "meta": meta, "verdict": False},
-                 {"prompt": "2 + 3?", "response": "6 " * 1200, "meta": meta, "verdict": False}]
-        short, long = asyncio.run(critic.judge(items))
+                 {"prompt": "2 + 3?", "response": "6 " * 1200, "meta": meta, "verdict": False},
+                 {"prompt": "2 + 3?", "response": "7", "meta": meta, "verdict": False, "samples": 1},
+                 {"prompt": "2 + 3?", "response": "7", "meta": meta, "verdict": False, "samples": 0}]
+        short, long, one, bad = asyncio.run(critic.judge(items))
         assert len(short["critic_critiques"]) == 2 and OVERFLOW not in short
+        assert len(one["critic_critiques"]) == 1 and one["critique"] == one["critic_critiques"][0]
+        assert isinstance(bad, CriticItemError) and "'samples' must be a positive int, got 0" in str(bad)
         assert long[OVERFLOW] > 1024 - 16 and long["critique"] == "" and "critic_critiques" not in long
         assert ray.get(engines[0].ready.remote()) == 0
     finally:

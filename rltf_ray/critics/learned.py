@@ -38,8 +38,8 @@ def empty_critic_columns() -> dict:
 
 @register_critic("learned")
 class LearnedCritic(Critic):
-    """Item: {"prompt", "response", "meta", "verdict": bool} (the verifier's verdict, shown
-    to a verdict-aware critic). Result: the first critique as "critique" (what the actor
+    """Item: {"prompt", "response", "meta", "verdict": bool (the verifier's verdict, shown
+    to a verdict-aware critic), "samples": int (critiques wanted; unset, K)}. Result: the first critique as "critique" (what the actor
     revises from), all K with their token ids, log-probs, verdicts and format flags, the
     critic's prompt ids and the version of the weights that wrote them."""
 
@@ -71,8 +71,18 @@ class LearnedCritic(Critic):
         verdict = bool(item["verdict"]) if self.b.verdict_aware and "verdict" in item else None
         return encode(load_tokenizer(self.model_path), critic_messages(self.b.prompt, question, attempt, verdict))
 
+    def _samples(self, item: dict) -> int:
+        n = item.get("samples", self.b.critiques_per_attempt)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"an item's 'samples' must be a positive int, got {n!r}")
+        return n
+
+    def _encode(self, item: dict) -> list[int]:
+        self._samples(item)  # checked here so that a bad item fails alone
+        return self._prompt(item)
+
     async def judge(self, items: list[dict]) -> list:
-        out: list = per_item(self._prompt, items)  # an item that cannot be encoded fails alone
+        out: list = per_item(self._encode, items)  # an item that cannot be encoded fails alone
         for i, x in enumerate(out):
             # a prompt the critic's engine cannot take with max_tokens is never sent: the
             # episode ends there, counted (as the actor's context_overflow), not failed
@@ -80,11 +90,14 @@ class LearnedCritic(Critic):
                 out[i] = {"critique": "", "correct": False, "reward": 0.0, OVERFLOW: len(x)}
         good = [i for i, x in enumerate(out) if isinstance(x, list)]
         prompts = {i: out[i] for i in good}
-        shards = [good[i::len(self.engines)] for i in range(len(self.engines))]
-        calls = [(idx, e.generate.remote([prompts[i] for i in idx], n=self.b.critiques_per_attempt,
-                                         temperature=self.b.temperature, top_p=1.0,
-                                         max_tokens=self.b.max_tokens))
-                 for e, idx in zip(self.engines, shards) if idx]
+        calls = []
+        # one engine call per number of critiques asked (K in training, 1 in an evaluation)
+        for n in sorted({self._samples(items[i]) for i in good}):
+            want = [i for i in good if self._samples(items[i]) == n]
+            shards = [want[i::len(self.engines)] for i in range(len(self.engines))]
+            calls += [(idx, e.generate.remote([prompts[i] for i in idx], n=n, temperature=self.b.temperature,
+                                              top_p=1.0, max_tokens=self.b.max_tokens))
+                      for e, idx in zip(self.engines, shards) if idx]
         results = await asyncio.gather(*(ref for _, ref in calls))
         for (idx, _), res in zip(calls, results):
             for i, group in zip(idx, res["outputs"]):

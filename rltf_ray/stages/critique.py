@@ -57,11 +57,16 @@ def request_critiques(handle, items: list[dict], p: CritiqueParams) -> tuple[lis
     return results, errors
 
 
-def ask_critic(p: CritiqueParams, rows: list[dict], texts: list[str], which: list[int]):
-    """{row index: (result or None, error)} for the rows in `which`."""
+def ask_critic(p: CritiqueParams, rows: list[dict], texts: list[str], which: list[int],
+               samples: int | None = None):
+    """{row index: (result or None, error)} for the rows in `which`. `samples`: how many
+    critiques a sampling critic (the learned one) writes per row; unset, its configured K."""
     if not which:
         return {}
     items = [{"prompt": rows[i]["prompt"], "response": texts[i], "meta": rows[i]["meta"]} for i in which]
+    if samples is not None:
+        for item in items:
+            item["samples"] = samples
     for item, i in zip(items, which):  # the verifier's verdict, for a verdict-aware learned critic
         if "correct_first" in rows[i]:
             item["verdict"] = bool(rows[i]["correct_first"])
