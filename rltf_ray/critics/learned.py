@@ -39,9 +39,10 @@ def empty_critic_columns() -> dict:
 @register_critic("learned")
 class LearnedCritic(Critic):
     """Item: {"prompt", "response", "meta", "verdict": bool (the verifier's verdict, shown
-    to a verdict-aware critic), "samples": int (critiques wanted; unset, K)}. Result: the first critique as "critique" (what the actor
-    revises from), all K with their token ids, log-probs, verdicts and format flags, the
-    critic's prompt ids and the version of the weights that wrote them."""
+    to a verdict-aware critic), "samples": int (critiques wanted; unset, K)}. Result: the
+    first critique as "critique" (what the actor revises from), all K with their token ids,
+    log-probs, verdicts and format flags, the critic's prompt ids and the version of the
+    weights that wrote them."""
 
     uses_critic_params = False
     min_batch_wait_s = 0.05  # a bigger batch is a cheaper engine call
