@@ -1,49 +1,79 @@
 #!/usr/bin/env bash
-# The pre-registered Bi-NAC comparison where the critic has room to learn (docs/results.md,
-# "Pre-registered: Bi-NAC where the critic has room to learn"): the actor warm start, the
-# mixed critic warm start, the room check that gates everything after it, then grpo_single,
-# fixed_critic, binac_no_bilevel and binac on seeds 0, 1, 2 into results/binac_learnable/.
+# The pre-registered Bi-NAC comparisons where the critic has room to learn (docs/results.md,
+# "Pre-registered: Bi-NAC where the critic has room to learn" and "...: room and a signal"):
+# the actor warm start, a mixed critic warm start, the room check that gates everything after
+# it, then grpo_single, fixed_critic, binac_no_bilevel and binac on seeds 0, 1, 2.
+#
+#   docs/scripts/binac_learnable.sh                  # the first: share 0.4, no signal gate
+#   NAME=binac_signal SHARE=0.7 TRIES=3 MIN_ROOM=0.3 MIN_DIFFERING=0.5 docs/scripts/binac_learnable.sh
+#
+# With TRIES > 1 the critic warm start is calibrated: a share whose room check finds too little
+# signal is followed by one 0.1 higher (a critic that states the rule more often), one with too
+# little room by one 0.1 lower; the first share that passes both gates is used, and every try's
+# record is committed. No share passing after TRIES: no run is made.
 #
 # Seed by seed: all four runs of a seed are made before the next seed starts, each committed
-# as it finishes; rerunning the script resumes where it stopped. A warm start rebuilt on
-# another kind of CPU has other weights: its room check is then made afresh (one file per
-# weights pair), and a seed is paired only among runs of one pair (docs/scripts/binac_table.py).
+# as it finishes; rerunning the script resumes where it stopped (warm starts and room checks
+# already made are reused). A warm start rebuilt on another kind of CPU has other weights: its
+# room check is then made afresh (one file per weights pair), and a seed is paired only among
+# runs of one pair (docs/scripts/binac_table.py).
 set -euo pipefail
+shopt -s inherit_errexit  # a failing warm start or room check inside $(try_share) stops the script
 cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 CFG=pipelines/configs/expansion.yaml
 WARM=outputs/exp/warm_conv_ex
-CRITIC=outputs/exp/critic_mixed
-OUT=results/binac_learnable
+NAME=${NAME:-binac_learnable}
+OUT=results/$NAME
+SHARE=${SHARE:-0.4}
+TRIES=${TRIES:-1}
+GATES=(--min-room "${MIN_ROOM:-0}" --min-differing "${MIN_DIFFERING:-0}")
 COMMON=(trainer.lr=1e-5 trainer.micro_batch_size=4 trainer.zero_stage=0 engine.kv_cache_gib=0.5
-        run.steps=12 run.eval_every=6 binac.critic_model=$CRITIC binac.temperature=1.0
+        run.steps=12 run.eval_every=6 binac.temperature=1.0
         binac.schedule=overlap binac.actor_steps=1 binac.reference_every=4)
 LEARNED=(binac.critiques_per_attempt=4)  # fixed_critic keeps its preset's one critique per attempt
 docs/scripts/warm_conv.sh
-if [ ! -f $CRITIC/config.json ]; then
-  $PY pipelines/warmstart.py --critic --config $CFG --out $CRITIC --critic-demos 300 --informative-share 0.4 \
-      --epochs 2 --lr 2e-5 binac.critic_model=smollm2 binac.temperature=1.0 binac.critiques_per_attempt=4
-fi
 mkdir -p $OUT
-pair="$(sha256sum $WARM/model.safetensors | cut -c1-12)_$(sha256sum $CRITIC/model.safetensors | cut -c1-12)"
-cp $CRITIC/warmstart.json $OUT/critic_warmstart_$pair.json
-if [ ! -f $OUT/room_$pair.json ]; then
-  # exits 3, and so stops this script, when the frozen critic leaves no room
-  $PY docs/scripts/binac_room.py --config $CFG --critic $CRITIC --out $OUT/room_$pair.json --problems 128 \
-      "${COMMON[@]}" "${LEARNED[@]}"
+
+# the critic warm start at one share and its room check; prints the check's verdict
+# (pass, no_room or no_signal)
+try_share() {
+  local critic=outputs/exp/${NAME}_critic_$1 pair
+  if [ ! -f $critic/config.json ]; then
+    $PY pipelines/warmstart.py --critic --config $CFG --out $critic --critic-demos 300 --informative-share $1 \
+        --epochs 2 --lr 2e-5 binac.critic_model=smollm2 binac.temperature=1.0 binac.critiques_per_attempt=4 >&2
+  fi
+  pair="$(sha256sum $WARM/model.safetensors | cut -c1-12)_$(sha256sum $critic/model.safetensors | cut -c1-12)"
+  cp $critic/warmstart.json $OUT/critic_warmstart_$pair.json
+  if [ ! -f $OUT/room_$pair.json ]; then
+    # exits 3 on no room or too little signal: the verdict is read from the file below
+    $PY docs/scripts/binac_room.py --config $CFG --critic $critic --out $OUT/room_$pair.json --problems 128 \
+        "${GATES[@]}" "${COMMON[@]}" "${LEARNED[@]}" >&2 || [ $? -eq 3 ]
+  fi
+  if ! git ls-files --error-unmatch $OUT/room_$pair.json > /dev/null 2>&1; then
+    git add -f $OUT/room_$pair.json $OUT/critic_warmstart_$pair.json
+    git commit -q -m "results/$NAME: room check on warm starts $pair (informative share $1)" -- \
+        $OUT/room_$pair.json $OUT/critic_warmstart_$pair.json
+  fi
+  $PY -c "import json; r = json.load(open('$OUT/room_$pair.json'))
+print('no_room' if not r['has_room'] else 'no_signal' if not r.get('has_signal', True) else 'pass')"
+}
+
+share=$SHARE CRITIC=
+for _ in $(seq "$TRIES"); do
+  verdict=$(try_share "$share")
+  echo "[binac] informative share $share: $verdict" >&2
+  if [ "$verdict" = pass ]; then CRITIC=outputs/exp/${NAME}_critic_$share; break; fi
+  share=$($PY -c "print(round($share + (0.1 if '$verdict' == 'no_signal' else -0.1), 1))")
+done
+if [ -z "$CRITIC" ]; then
+  echo "[binac] no critic warm start passed the room check (records in $OUT/room_*.json): no run is made" >&2
+  exit 3
 fi
-if ! git ls-files --error-unmatch $OUT/room_$pair.json > /dev/null 2>&1; then
-  git add -f $OUT/room_$pair.json $OUT/critic_warmstart_$pair.json
-  git commit -q -m "results/binac_learnable: room check on warm starts $pair" -- $OUT/room_$pair.json \
-      $OUT/critic_warmstart_$pair.json
-fi
-$PY -c "import json, sys; sys.exit(0 if json.load(open('$OUT/room_$pair.json'))['has_room'] else 3)" || {
-  echo "[binac] the room check on these warm starts found no room ($OUT/room_$pair.json): no run is made" >&2
-  exit 3; }
-for seed in 0 1 2; do
+for seed in ${SEEDS:-0 1 2}; do
   $PY pipelines/compare.py --config $CFG --presets grpo_single,fixed_critic --first-seed $seed --seeds 1 \
-      --name binac_learnable --baseline fixed_critic --git-commit "${COMMON[@]}"
+      --name $NAME --baseline fixed_critic --git-commit "${COMMON[@]}" binac.critic_model=$CRITIC
   $PY pipelines/compare.py --config $CFG --presets binac_no_bilevel,binac --first-seed $seed --seeds 1 \
-      --name binac_learnable --baseline fixed_critic --git-commit "${COMMON[@]}" "${LEARNED[@]}"
+      --name $NAME --baseline fixed_critic --git-commit "${COMMON[@]}" "${LEARNED[@]}" binac.critic_model=$CRITIC
 done
 $PY docs/scripts/binac_table.py $OUT
