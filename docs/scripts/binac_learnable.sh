@@ -10,7 +10,8 @@
 # With TRIES > 1 the critic warm start is calibrated: a share whose room check finds too little
 # signal is followed by one 0.1 higher (a critic that states the rule more often), one with too
 # little room by one 0.1 lower; the first share that passes both gates is used, and every try's
-# record is committed. No share passing after TRIES: no run is made.
+# record is committed. No share passing after TRIES, or one failing both gates: no run is made.
+# SEEDS (default "0 1 2") names the seeds to run.
 #
 # Seed by seed: all four runs of a seed are made before the next seed starts, each committed
 # as it finishes; rerunning the script resumes where it stopped (warm starts and room checks
@@ -39,7 +40,7 @@ mkdir -p $OUT
 # (pass, no_room or no_signal)
 try_share() {
   local critic=outputs/exp/${NAME}_critic_$1 pair
-  if [ ! -f $critic/config.json ]; then
+  if [ ! -f $critic/warmstart.json ]; then  # written last: a warm start killed before it is made again
     $PY pipelines/warmstart.py --critic --config $CFG --out $critic --critic-demos 300 --informative-share $1 \
         --epochs 2 --lr 2e-5 binac.critic_model=smollm2 binac.temperature=1.0 binac.critiques_per_attempt=4 >&2
   fi
@@ -51,12 +52,20 @@ try_share() {
         "${GATES[@]}" "${COMMON[@]}" "${LEARNED[@]}" >&2 || [ $? -eq 3 ]
   fi
   if ! git ls-files --error-unmatch $OUT/room_$pair.json > /dev/null 2>&1; then
-    git add -f $OUT/room_$pair.json $OUT/critic_warmstart_$pair.json
+    git add -f $OUT/room_$pair.json $OUT/critic_warmstart_$pair.json >&2
     git commit -q -m "results/$NAME: room check on warm starts $pair (informative share $1)" -- \
-        $OUT/room_$pair.json $OUT/critic_warmstart_$pair.json
+        $OUT/room_$pair.json $OUT/critic_warmstart_$pair.json >&2
   fi
-  $PY -c "import json; r = json.load(open('$OUT/room_$pair.json'))
-print('no_room' if not r['has_room'] else 'no_signal' if not r.get('has_signal', True) else 'pass')"
+  # a check made under other gates is not reused: its verdict answers another question
+  $PY - "$OUT/room_$pair.json" "${MIN_ROOM:-0}" "${MIN_DIFFERING:-0}" <<'PY'
+import json, sys
+r, room, differing = json.load(open(sys.argv[1])), float(sys.argv[2]), float(sys.argv[3])
+if (r.get("min_room", 0.0), r.get("min_differing", 0.0)) != (room, differing):
+    sys.exit(f"{sys.argv[1]} was checked with --min-room {r.get('min_room', 0.0)} --min-differing "
+             f"{r.get('min_differing', 0.0)}, not {room} and {differing}: move it aside to check again")
+signal = r.get("has_signal", True)
+print("pass" if r["has_room"] and signal else "no_signal" if r["has_room"] else "no_room" if signal else "neither")
+PY
 }
 
 share=$SHARE CRITIC=
@@ -64,6 +73,7 @@ for _ in $(seq "$TRIES"); do
   verdict=$(try_share "$share")
   echo "[binac] informative share $share: $verdict" >&2
   if [ "$verdict" = pass ]; then CRITIC=outputs/exp/${NAME}_critic_$share; break; fi
+  [ "$verdict" = neither ] && break  # neither more nor less informative targets can mend both
   share=$($PY -c "print(round($share + (0.1 if '$verdict' == 'no_signal' else -0.1), 1))")
 done
 if [ -z "$CRITIC" ]; then
