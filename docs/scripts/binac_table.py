@@ -1,7 +1,8 @@
-"""The tables of "Pre-registered: Bi-NAC where the critic has room to learn" (docs/results.md),
-from the committed run folders alone.
+"""The tables of "Pre-registered: Bi-NAC where the critic has room to learn" and of its
+follow-up "...: room and a signal" (docs/results.md), from the committed run folders alone.
 
     python docs/scripts/binac_table.py results/binac_learnable
+    python docs/scripts/binac_table.py results/binac_signal
 
 System score: the held-out accuracy after the run's own critic critiques a wrong greedy first
 answer once and the actor revises greedily (`after.feedback_accuracy_1`); for `grpo_single`,
