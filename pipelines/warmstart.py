@@ -2,15 +2,18 @@
 
     python pipelines/warmstart.py --config pipelines/configs/demo.yaml --out outputs/warm \\
         [--format-demos 0] [--revision-demos 200] [--epochs 2] [--lr 1e-5] [key=value ...]
-    python pipelines/warmstart.py --critic --config ... --out outputs/critic [--critic-demos 300]
+    python pipelines/warmstart.py --critic --config ... --out outputs/critic [--critic-demos 300] \
+        [--informative-share 0.8]
 
 Revision demonstrations are built from the configured model's own wrong first answers on
 training problems (a vLLM engine samples them at the first turn's temperature) and the
 task's programmatic critique; format demonstrations are the task's own solutions. The
 warm-started model is saved to --out (an HF folder: use it as `model.path`), with
-`warmstart.json` beside it. With --critic, Bi-NAC's learned critic is warm-started instead, on
-the task's programmatic critiques (ending with the verdict line) of the actor's own wrong
-answers, and its verdict-line rate is measured before and after on later problems.
+`warmstart.json` beside it. With --critic, Bi-NAC's learned critic is warm-started instead on
+critiques of the actor's own wrong answers, each ending with the verdict line: for an
+--informative-share of them (default 1.0) the task's programmatic critique, for the rest a vague
+one that says only that the answer is wrong; its verdict-line rate is measured before and after
+on later problems.
 Demonstrations come from training problems numbered from --first-problem on, away from the prompt streams of RL runs (seed s reads from s x 100,000;
 generators with a small problem space, and file tasks, can still repeat a problem).
 """

@@ -185,7 +185,7 @@ class EvalConfig:
     pass_k: list = field(default_factory=list)  # sampled pass@k, e.g. [1, 4, 8]; [] = off
     samples: int = 8  # samples per problem for pass@k (>= the largest k)
     temperature: float | None = None  # for pass@k; None = the first turn's temperature
-    feedback_rounds: int = 0  # the task's critic in the loop: accuracy after each round
+    feedback_rounds: int = 0  # the run's critic in the loop: accuracy after each round
     self_feedback_rounds: int = 0  # the model's own FM critique, then a revision
     critique_max_tokens: int = 128  # for self-feedback critiques
     # The measures run every `run.eval_every` steps: "greedy" (cheap) or "all" of the above.

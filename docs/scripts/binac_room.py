@@ -1,5 +1,6 @@
-"""Is there room for a learned critic to learn? The check that gates a Bi-NAC comparison
-(docs/results.md, "Pre-registered: Bi-NAC where the critic has room to learn").
+"""Is there room for a learned critic to learn, and a signal to learn from? The check that
+gates a Bi-NAC comparison (docs/results.md, "Pre-registered: Bi-NAC where the critic has room
+to learn" and "...: room and a signal").
 
     python docs/scripts/binac_room.py --critic outputs/exp/critic_mixed \\
         --out results/binac_learnable/room.json [--problems 128] [key=value ...]
@@ -14,9 +15,10 @@ Prints and writes: the fix rate of the programmatic critique and the frozen crit
 mean over its K critiques), each with its SE over problems, and their difference paired by
 problem; the share of attempts whose K critiques fix differently (groups where the critic's
 GRPO has a non-zero advantage); identical critique pairs; verdict-line rate; the share of
-critiques that state the task's rule. Exits 3, with the numbers, when the frozen critic's fix
-rate is within 2 SE of the programmatic critique's (or closer than --min-room): no room, so no
-comparison may start; and, with --min-differing, when fewer attempts than that share have
+critiques that state the task's rule. Exits 3, with the numbers, when fewer than 64 first
+answers are wrong, or the frozen critic's fix rate is within 2 SE of the programmatic
+critique's (or closer than --min-room): no room, so no comparison may start; and, with
+--min-differing, when fewer attempts than that share have
 critiques that fix differently: too little signal for the critic's GRPO update (its
 zero-advantage share would be high), so no comparison may start either.
 """

@@ -3,7 +3,8 @@
 The engines are `PolicyEngine` actors like the actor's, started by the runner and addressed
 by name, so that the trainer's `WeightSync` pushes the critic's new weights into them
 exactly as it does for the actor (a Serve replica cannot be addressed one by one for a
-broadcast). Each request asks for K critiques c ~ pi_C(. | x0, y0) of one attempt; every
+broadcast). Each request asks for K critiques c ~ pi_C(. | x0, y0) of one attempt (an item's
+"samples" asks for another number: the held-out evaluation asks for the one it uses); every
 critique must end with a verdict line, which is checked against the verifier.
 """
 from __future__ import annotations
@@ -40,7 +41,7 @@ def empty_critic_columns() -> dict:
 class LearnedCritic(Critic):
     """Item: {"prompt", "response", "meta", "verdict": bool (the verifier's verdict, shown
     to a verdict-aware critic), "samples": int (critiques wanted; unset, K)}. Result: the
-    first critique as "critique" (what the actor revises from), all K with their token ids,
+    first critique as "critique" (what the actor revises from), all of them with their token ids,
     log-probs, verdicts and format flags, the critic's prompt ids and the version of the
     weights that wrote them."""
 
