@@ -92,10 +92,10 @@ class LearnedCritic(Critic):
                 out[i] = {"critique": "", "correct": False, "reward": 0.0, OVERFLOW: len(x)}
         good = [i for i, x in enumerate(out) if isinstance(x, list)]
         prompts = {i: out[i] for i in good}
-        calls = []
+        calls, asked = [], {i: self._samples(items[i]) for i in good}
         # one engine call per number of critiques asked (K in training, 1 in an evaluation)
-        for n in sorted({self._samples(items[i]) for i in good}):
-            want = [i for i in good if self._samples(items[i]) == n]
+        for n in sorted(set(asked.values())):
+            want = [i for i in good if asked[i] == n]
             shards = [want[i::len(self.engines)] for i in range(len(self.engines))]
             calls += [(idx, e.generate.remote([prompts[i] for i in idx], n=n, temperature=self.b.temperature,
                                               top_p=1.0, max_tokens=self.b.max_tokens))
