@@ -37,7 +37,7 @@ docs/scripts/warm_conv.sh
 mkdir -p $OUT
 
 # the critic warm start at one share and its room check; prints the check's verdict
-# (pass, no_room or no_signal)
+# (pass, no_room, no_signal or neither)
 try_share() {
   local critic=outputs/exp/${NAME}_critic_$1 pair
   if [ ! -f $critic/warmstart.json ]; then  # written last: a warm start killed before it is made again
