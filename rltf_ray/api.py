@@ -74,7 +74,8 @@ class RLTFConfig:
         if "reward_funcs" in values:
             values["reward_funcs"] = [f if isinstance(f, str) else self._reward_ref(f) for f in values["reward_funcs"]]
         current = self._data.get("task") or {}
-        if name and name != current.get("name") and "params" not in values:
+        after = {**current, **values, **({"name": name} if name else {})}
+        if C.task_name(after) != C.task_name(current) and "params" not in values:
             values["params"] = {}
         return self._section("task", {**({"name": name} if name else {}), **values})
 

@@ -29,6 +29,12 @@ class ModelConfig:
     dtype: str = "auto"
 
 
+def task_name(task: dict) -> str | None:
+    """The task a config's `task` section runs: reward functions make the default task theirs."""
+    name = task.get("name")
+    return "reward_funcs" if task.get("reward_funcs") and name in (None, "arithmetic") else name
+
+
 @dataclass(frozen=True)
 class TaskConfig:
     name: str = "arithmetic"  # a built-in task, one a plugin registers, or rg:<reasoning-gym dataset>
@@ -52,8 +58,7 @@ class TaskConfig:
             if self.reward_weights is not None:
                 raise ConfigError("task.reward_weights: set without task.reward_funcs")
             return
-        if self.name == "arithmetic":  # the default: reward functions name the task themselves
-            object.__setattr__(self, "name", "reward_funcs")
+        object.__setattr__(self, "name", task_name({"name": self.name, "reward_funcs": self.reward_funcs}))
         if self.name != "reward_funcs":
             raise ConfigError(f"task.reward_funcs replace the task's own scoring; task.name must be "
                               f"reward_funcs or left unset (got {self.name!r})")

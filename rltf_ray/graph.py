@@ -192,7 +192,8 @@ def validate(cfg: Config) -> list[NodeSpec]:
                               "critic trains on-policy on the critiques of the same step)")
     if critic != "learned" and cfg.binac.bilevel_lambda > 0:
         raise ConfigError(f"binac.bilevel_lambda={cfg.binac.bilevel_lambda} rewards a learned critic; the "
-                          f"critique node's critic is '{critic}' (set pipeline.critique.critic=learned)")
+                          f"critique node's critic is '{critic}' (set pipeline.{cfg.node('critique').name}"
+                          ".critic=learned)")
     if critic == "learned":
         if cfg.run.turns != 2:
             raise ConfigError(f"critic 'learned' (Bi-NAC) runs two-turn episodes; got run.turns={cfg.run.turns}")

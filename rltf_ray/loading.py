@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from rltf_ray.config import DEFAULT_PIPELINE, Config, _build
+from rltf_ray.config import DEFAULT_PIPELINE, Config, _build, task_name
 from rltf_ray.errors import ConfigError
 from rltf_ray.graph import expand_rounds, validate
 from rltf_ray.plugins import is_path, load_plugins, module_name
@@ -137,7 +137,7 @@ def config_from_data(data: dict, overrides: typing.Sequence[str] = (), preset: s
         data = _merge(preset_data, data)
     else:
         node_defaults, locked = {}, {}
-    file_task = (data.get("task") or {}).get("name")
+    file_task = task_name(data.get("task") or {})
     for o in overrides:
         apply_override(data, o)
     _task_params_follow_the_task(data, file_task, overrides)
@@ -156,7 +156,7 @@ def config_from_data(data: dict, overrides: typing.Sequence[str] = (), preset: s
 def apply_overrides(data: dict, overrides: typing.Sequence[str]) -> dict:
     """`data` with `overrides` written into it, as `config_from_data` applies them (a copy)."""
     data = copy.deepcopy(data)
-    file_task = (data.get("task") or {}).get("name")
+    file_task = task_name(data.get("task") or {})
     for o in overrides:
         apply_override(data, o)
     _task_params_follow_the_task(data, file_task, overrides)
@@ -164,10 +164,11 @@ def apply_overrides(data: dict, overrides: typing.Sequence[str]) -> dict:
 
 
 def _task_params_follow_the_task(data: dict, file_task: str | None, overrides: typing.Sequence[str]) -> None:
-    """An override that changes task.name without giving task.params drops the file's params:
-    they were the file's task's (`demo.yaml`'s digits mean nothing to a task of your own)."""
+    """An override that changes the task (task.name, or task.reward_funcs on the default task)
+    without giving task.params drops the file's params: they were the file's task's
+    (`demo.yaml`'s digits mean nothing to a task of your own)."""
     task = data.get("task")
-    if not isinstance(task, dict) or task.get("name") == file_task or "params" not in task:
+    if not isinstance(task, dict) or task_name(task) == file_task or "params" not in task:
         return
     if not any(o.split("=", 1)[0].strip() in ("task", "task.params") or o.startswith("task.params.")
                for o in overrides):

@@ -89,6 +89,10 @@ def test_graph_validation_errors(tmp_path):
     for match, text in cases.items():
         with pytest.raises(ConfigError, match=match):
             load_config(write(tmp_path, text))
+    # the fix an error names is one that parses: this graph's critique node is 'crit'
+    with pytest.raises(ConfigError, match=r"set pipeline\.crit\.critic=learned\)"):
+        load_config(write(tmp_path, GRAPH), ["binac.bilevel_lambda=1"])
+    assert load_config(write(tmp_path, GRAPH), ["binac.bilevel_lambda=1", "pipeline.crit.critic=learned"])
 
 
 def test_graph_drawings(tmp_path):

@@ -9,7 +9,7 @@ from rltf_ray.chat import encode, first_turn_messages, revision_messages
 from rltf_ray.config import TaskConfig
 from rltf_ray.errors import ConfigError
 from rltf_ray.graph import SourceParams
-from rltf_ray.loading import config_from_data
+from rltf_ray.loading import config_from_data, load_config
 from rltf_ray.sources import PromptSource, load_eval_rows, read_prompt_file
 from rltf_ray.tasks import get_task
 from rltf_ray.tasks.rewards import RewardFunctionError
@@ -193,6 +193,19 @@ def test_reward_function_config_errors(user_dir):
     assert math.isclose(reward_task(user_dir, "accuracy").task.correct_threshold, 1.0)
 
 
+def test_reward_funcs_on_the_command_line_replace_a_config_files_task_and_its_params(user_dir):
+    """The README's command: demo.yaml's arithmetic params do not follow it to the new task."""
+    ref = f"task.reward_funcs=[{user_dir}/my_rewards.py:accuracy]"
+    cfg = load_config("pipelines/configs/demo.yaml", [ref])
+    assert cfg.task.name == "reward_funcs" and cfg.task.params == {}
+    assert cfg.task.extraction == "last_number"  # the rest of the file's task section stays
+    assert get_task(cfg.task).name == "reward_funcs"
+    kept = load_config("pipelines/configs/demo.yaml", [ref, "task.params={}"]).task
+    assert kept.params == {}
+    with pytest.raises(ConfigError, match="unknown key 'max_digits' for reward_funcs"):
+        get_task(load_config("pipelines/configs/demo.yaml", [ref, "task.params.max_digits=3"]).task)
+
+
 def test_the_python_api_takes_functions(user_dir, monkeypatch):
     import rltf_ray
 
@@ -203,6 +216,8 @@ def test_the_python_api_takes_functions(user_dir, monkeypatch):
     cfg = cfg.node("prompts", path=str(user_dir / "rows.jsonl"), prompts_per_step=2)
     resolved = cfg.evaluation(path=str(user_dir / "rows.jsonl")).resolve()
     assert resolved.task.reward_funcs == ["my_rewards:accuracy"] and "my_rewards" in resolved.plugins
+    # tiny.yaml's digits were its arithmetic task's; the reward-function task has none
+    assert resolved.task.params == {} and get_task(resolved.task).name == "reward_funcs"
     with pytest.raises(ConfigError, match="not a module-level function"):
         rltf_ray.RLTFConfig().task(reward_funcs=[lambda prompts, completions: [1.0]])
 
