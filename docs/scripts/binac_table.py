@@ -7,7 +7,9 @@ follow-up "...: room and a signal" (docs/results.md), from the committed run fol
 System score: the held-out accuracy after the run's own critic critiques a wrong greedy first
 answer once and the actor revises greedily (`after.feedback_accuracy_1`); for `grpo_single`,
 which has no critic, its first try. Every difference is paired by seed, among runs that share
-one pair of warm-start weights; a run stopped by a guard is listed, not paired.
+one pair of warm-start weights; a run stopped by a guard is listed, not paired. The critic's
+registered secondary, its fix rate rising more under a learned critic than under the frozen
+one, is paired the same way.
 """
 from __future__ import annotations
 
@@ -69,6 +71,7 @@ def main() -> int:
         per = ", ".join(f"s{s}: {d:+.3f}" for s, d in zip(seeds, diffs))
         print(f"| {what} | `{a}` − `{b}` | {ea} − {eb} | {len(seeds)} | {m:+.3f} | "
               f"{se:.3f} | {t:.2f} | {per} | {'yes' if ok else 'no'} |")
+    rise_test(runs)
     print("\n| preset | seeds | system score after | first try after | critic fix rate, 1st half | 2nd half "
           "| critic reward, 1st half | 2nd half | identical pairs | minutes / run |\n" + "| --- " * 10 + "|")
     for preset in ("grpo_single", *CRITIC_PRESETS):
@@ -121,6 +124,27 @@ def main() -> int:
     if stopped:
         print("\nStopped by a guard:\n" + "\n".join(stopped))
     return 0
+
+
+def rise_test(runs: dict) -> None:
+    """The registered secondary on the critic: its training fix rate rises from the first half to
+    the second by more under `binac` than under `fixed_critic`, paired by seed."""
+    print("\n| test | difference | seeds | mean | SE | per seed |\n" + "| --- " * 6 + "|")
+    for preset in ("binac", "binac_no_bilevel"):
+        seeds, diffs = [], []
+        for (p, s), r in sorted(runs.items()):
+            base = runs.get(("fixed_critic", s))
+            if p != preset or base is None or not same_weights(r, base):
+                continue
+            (a1, a2), (b1, b2) = r.get("critic_fix_rate_halves") or [None] * 2, \
+                base.get("critic_fix_rate_halves") or [None] * 2
+            if None not in (a1, a2, b1, b2):
+                seeds.append(s)
+                diffs.append((a2 - a1) - (b2 - b1))
+        m, se = mean_se(diffs)
+        per = ", ".join(f"s{s}: {d:+.3f}" for s, d in zip(seeds, diffs))
+        print(f"| secondary (critic) | fix-rate rise, `{preset}` − `fixed_critic` | {len(seeds)} | "
+              f"{m:+.3f} | {se:.3f} | {per} |")
 
 
 def read_steps(run: dict) -> list[dict]:
