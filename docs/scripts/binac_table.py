@@ -61,10 +61,7 @@ def main() -> int:
     print("\n| test | difference | endpoints | seeds | mean | SE | t | per seed | shown |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for what, a, ea, b, eb in TESTS:
-        seeds = sorted(s for (p, s) in runs if p == a and (b, s) in runs
-                       and same_weights(runs[a, s], runs[b, s])
-                       and None not in (endpoint(runs[a, s], ea), endpoint(runs[b, s], eb)))
-        diffs = [endpoint(runs[a, s], ea) - endpoint(runs[b, s], eb) for s in seeds]
+        seeds, diffs = paired(runs, a, b, lambda r, e=ea: endpoint(r, e), lambda r, e=eb: endpoint(r, e))
         m, se = mean_se(diffs)
         t = m / se if len(diffs) > 1 and se > 0 else float("nan")
         ok = len(diffs) >= SEEDS and m >= SHOWN[0] and t >= SHOWN[1]
@@ -126,21 +123,26 @@ def main() -> int:
     return 0
 
 
+def paired(runs: dict, a: str, b: str, value_a, value_b) -> tuple[list[int], list[float]]:
+    """The seeds where presets `a` and `b` both finished from one pair of warm starts and both
+    values exist, and `value_a(run a) - value_b(run b)` on each."""
+    seeds = sorted(s for (p, s) in runs if p == a and (b, s) in runs
+                   and same_weights(runs[a, s], runs[b, s])
+                   and None not in (value_a(runs[a, s]), value_b(runs[b, s])))
+    return seeds, [value_a(runs[a, s]) - value_b(runs[b, s]) for s in seeds]
+
+
+def fix_rate_rise(run: dict) -> float | None:
+    first, second = run.get("critic_fix_rate_halves") or [None, None]
+    return None if None in (first, second) else second - first
+
+
 def rise_test(runs: dict) -> None:
     """The registered secondary on the critic: its training fix rate rises from the first half to
     the second by more under `binac` than under `fixed_critic`, paired by seed."""
     print("\n| test | difference | seeds | mean | SE | per seed |\n" + "| --- " * 6 + "|")
     for preset in ("binac", "binac_no_bilevel"):
-        seeds, diffs = [], []
-        for (p, s), r in sorted(runs.items()):
-            base = runs.get(("fixed_critic", s))
-            if p != preset or base is None or not same_weights(r, base):
-                continue
-            (a1, a2), (b1, b2) = r.get("critic_fix_rate_halves") or [None] * 2, \
-                base.get("critic_fix_rate_halves") or [None] * 2
-            if None not in (a1, a2, b1, b2):
-                seeds.append(s)
-                diffs.append((a2 - a1) - (b2 - b1))
+        seeds, diffs = paired(runs, preset, "fixed_critic", fix_rate_rise, fix_rate_rise)
         m, se = mean_se(diffs)
         per = ", ".join(f"s{s}: {d:+.3f}" for s, d in zip(seeds, diffs))
         print(f"| secondary (critic) | fix-rate rise, `{preset}` − `fixed_critic` | {len(seeds)} | "
