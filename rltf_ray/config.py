@@ -24,9 +24,19 @@ class ModelConfig:
     # "tiny" and "smollm2" name the folders built by `make models`; anything else is an HF
     # folder path or hub id.
     path: str = "tiny"
-    # Engine dtype. "auto": bfloat16 on GPU or on CPUs with native bf16 (AMX/AVX512-BF16),
-    # else float32 -- on an AVX2-only CPU bf16 generation measured 4.6x slower than fp32.
+    # The run's precision: the engines sample in it and, unless trainer.bf16 says otherwise,
+    # the learner computes in it (rltf_ray/precision.py). "auto": bfloat16 on GPU or on CPUs
+    # with native bf16 (AMX/AVX512-BF16), else float32 -- on an AVX2-only CPU bf16 generation
+    # measured 4.6x slower than fp32.
     dtype: str = "auto"
+    # "float32": the LM head's logits in fp32 on both sides (vLLM's head_dtype in every engine,
+    # the learner's head when it computes in bf16); null: in the model's dtype.
+    head_dtype: str | None = "float32"
+
+    def __post_init__(self):
+        from rltf_ray.precision import check_head_dtype
+
+        check_head_dtype(self.head_dtype)
 
 
 def task_name(task: dict) -> str | None:
@@ -123,7 +133,10 @@ class EngineConfig:
 class TrainerConfig:
     num_workers: int = 2  # Ray Train workers, each a DeepSpeed rank
     zero_stage: int = 2  # DeepSpeed ZeRO stage 0-3 (with one worker, 0 needs the least memory)
-    bf16: bool = True  # DeepSpeed's bf16 mode for the learner's forward and backward; false = fp32
+    # DeepSpeed's bf16 mode (fp32 master weights) for the learner; false = fp32; null (the
+    # default) = follow model.dtype, so that the learner scores the engine's own model. A
+    # value that disagrees with the engine's dtype runs, with a warning at start.
+    bf16: bool | None = None
     lr: float = 1e-5  # AdamW learning rate (the peak, under a schedule)
     # constant, linear or cosine: from lr after the warmup down to lr * min_lr_ratio at
     # run.steps, set once per RL step (rltf_ray.learner.lr_at)

@@ -8,6 +8,7 @@ import math
 import os
 
 from rltf_ray.config import Config, TrainerConfig
+from rltf_ray.precision import fp32_head, precision_of
 
 
 def lr_at(step: int, t: TrainerConfig, total_steps: int) -> float:
@@ -35,7 +36,7 @@ def deepspeed_config(cfg: Config) -> dict:
                               "allgather_bucket_size": 50_000_000,
                               "stage3_prefetch_bucket_size": 50_000_000,
                               "stage3_param_persistence_threshold": 100_000},
-        "bf16": {"enabled": t.bf16},
+        "bf16": {"enabled": precision_of(cfg).learner == "bfloat16"},
         "steps_per_print": 10 ** 9,
         "wall_clock_breakdown": False,
     }
@@ -58,13 +59,17 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 def build_model(model_path: str, cfg: Config):
     """The trainable model: the HF model, or it wrapped with LoRA adapters (only they train).
-    Loaded in bf16 under `trainer.bf16` (DeepSpeed casts it so anyway, keeping fp32 master
-    weights in the optimizer; loading it so halves the load's peak memory), else fp32."""
+    Loaded in the learner's precision (`rltf_ray.precision`): bf16, as DeepSpeed's bf16 mode
+    would cast it anyway, keeping fp32 master weights in the optimizer (loading it so halves
+    the load's peak memory), else fp32; with its LM head computed in fp32 under
+    `model.head_dtype: float32`."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        model_path, dtype=torch.bfloat16 if cfg.trainer.bf16 else torch.float32)
+    p = precision_of(cfg)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, p.learner))
+    if p.learner_head_fp32:
+        fp32_head(model)
     if cfg.trainer.gradient_checkpointing:  # recompute activations in backward: memory for time
         model.config.use_cache = False
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -60,18 +60,44 @@ def final_returns(rewards: torch.Tensor, taken: torch.Tensor) -> torch.Tensor:
 def subset_group_means(values: torch.Tensor, group_ids: torch.Tensor,
                        include: torch.Tensor) -> torch.Tensor:
     """Per row: mean of `values` over the rows of its group where `include` is true
-    (0 where the group has none)."""
+    (0 where the group has none), computed in float64 so that equal rewards give their own
+    value back as closely as the rewards' precision allows."""
     _, inv = torch.unique(group_ids, return_inverse=True)
     n = int(inv.max()) + 1 if inv.numel() else 0
-    w = include.float()
-    sums = torch.zeros(n).index_add_(0, inv, values.float() * w)
-    counts = torch.zeros(n).index_add_(0, inv, w)
+    w = include.double()
+    sums = torch.zeros(n, dtype=torch.float64).index_add_(0, inv, values.double() * w)
+    counts = torch.zeros(n, dtype=torch.float64).index_add_(0, inv, w)
     return (sums / counts.clamp(min=1))[inv].detach()
 
 
 def group_means(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """mean_k v_k of each row's group, per row."""
+    """mean_k v_k of each row's group, per row (float64)."""
     return subset_group_means(values, group_ids, torch.ones_like(group_ids, dtype=torch.bool))
+
+
+def group_abs_max(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """max_k |v_k| of each row's group, per row: the scale of the group's rewards."""
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    n = int(inv.max()) + 1 if inv.numel() else 0
+    top = torch.zeros(n, dtype=torch.float64).scatter_reduce_(0, inv, values.double().abs(), reduce="amax")
+    return top[inv]
+
+
+# A deviation within this fraction of the rewards' scale is float rounding, not signal.
+ZERO_RTOL = 1e-6
+
+
+def snap_zero(adv: torch.Tensor, scale: torch.Tensor, rtol: float = ZERO_RTOL) -> torch.Tensor:
+    """`adv` with exact zeros where |adv| <= rtol * scale. A difference of equal rewards can
+    come out nonzero (8 rewards of -0.1 leave 7.45e-9 in float32; group normalisation would
+    blow that up to ~0.0074): it carries no signal and must count, and train, as none."""
+    return torch.where(adv.abs() <= rtol * scale, torch.zeros_like(adv), adv)
+
+
+def centred(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """values - their group's mean (float64), snapped to 0 within ZERO_RTOL of the group's
+    reward scale (`snap_zero`)."""
+    return snap_zero(values.double() - group_means(values, group_ids), group_abs_max(values, group_ids))
 
 
 def normalize_advantages(adv: torch.Tensor, group_ids: torch.Tensor, mode: str,
@@ -96,19 +122,20 @@ def normalize_advantages(adv: torch.Tensor, group_ids: torch.Tensor, mode: str,
 ROLLOUT_CORRECTIONS = ("none", "tis_token", "tis_sequence", "mis_token", "mis_sequence")
 
 
-def rollout_weights(logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, mode: str,
+def rollout_weights(old_logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, mode: str,
                     cap: float = 2.0, band: tuple[float, float] = (0.5, 2.0)
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Detached rollout-correction weights for the sampler–trainer mismatch, and a 0/1 tensor
     marking the tokens (in `mask`) whose weight was truncated or masked.
 
-    w = pi_trainer / pi_sampler of each sampled token ('*_token'), or the product over the
-    sequence's tokens in `mask` ('*_sequence', broadcast to its tokens).
+    w = pi_old / pi_sampler of each sampled token ('*_token'), or the product over the
+    sequence's tokens in `mask` ('*_sequence', broadcast to its tokens), where pi_old is the
+    trainer's policy at the start of the RL step (verl's old_log_prob).
     tis_*: truncated IS, min(w, cap).
     mis_*: masked IS, w where band[0] <= w <= band[1], else 0 (the token or sequence is dropped).
     The log-ratio is clamped to +-60 before exp so that an extreme mismatch compares as a huge
     weight instead of overflowing to inf (inf * 0 would turn a masked token into NaN)."""
-    d = (logp.detach() - behav_logp.detach()) * mask
+    d = (old_logp.detach() - behav_logp.detach()) * mask
     if mode.endswith("_sequence"):
         d = d.sum(-1, keepdim=True).expand_as(d)
     elif not mode.endswith("_token"):
@@ -127,14 +154,19 @@ def rollout_weights(logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Te
 
 def policy_token_loss(logp: torch.Tensor, behav_logp: torch.Tensor, adv: torch.Tensor,
                       kind: str = "importance_sampling", clip_eps: float = 0.2,
-                      weight: torch.Tensor | None = None) -> torch.Tensor:
+                      weight: torch.Tensor | None = None,
+                      old_logp: torch.Tensor | None = None) -> torch.Tensor:
     """The RL surrogate per token.
 
     Without `weight` (rollout correction 'none'), rho = pi_theta / pi_behav against the
-    sampler's log-probs `behav_logp`, unbounded.
-    With a detached rollout-correction `weight` (`rollout_weights`), rho is taken against the
-    trainer's own detached log-prob (value 1, gradient dlog pi) and the sampler mismatch
-    enters only through the bounded weight: the decoupled form of verl and SkyRL.
+    sampler's log-probs `behav_logp`, unbounded: the reference recipe, whose sampler is the
+    step's old policy.
+    With a detached rollout-correction `weight` (`rollout_weights` of pi_old / pi_behav),
+    rho = pi_theta / pi_old, where `old_logp` is the trainer's log-prob at the start of the
+    RL step (a no-grad pass before its first optimizer step; None: `logp` itself, exact when
+    the step takes one optimizer step). The sampler mismatch then enters only through the
+    bounded weight, and the clip bounds the policy's drift within the step: the decoupled
+    form of verl and SkyRL.
 
     'importance_sampling': -w * rho * A (the reference recipe's loss).
     'ppo_clip':            -w * min(rho * A, clip(rho, 1 - eps, 1 + eps) * A)."""
@@ -142,7 +174,8 @@ def policy_token_loss(logp: torch.Tensor, behav_logp: torch.Tensor, adv: torch.T
     if weight is None:
         ratio, weight = torch.exp(logp - behav_logp.detach()), 1.0
     else:
-        ratio, weight = torch.exp(logp - logp.detach()), weight.detach()
+        old = logp.detach() if old_logp is None else old_logp.detach()
+        ratio, weight = torch.exp(logp - old), weight.detach()
     if kind == "importance_sampling":
         return -weight * ratio * a
     if kind == "ppo_clip":

@@ -59,7 +59,8 @@ def identical_pair_fraction(groups: list[list]) -> float | None:
 
 def dead_critic_update(m: dict) -> str | None:
     """Why a step's critic update trained on nothing (every advantage 0), or None when it
-    trained on something or no critic update ran."""
+    trained on something, no critic update ran, or there was nothing to critique (every
+    first answer correct: the actor's success, not a dead critic)."""
     if not m.get("critic_trained"):
         return None
     zero = m.get("critic_zero_advantage_fraction")
@@ -67,8 +68,10 @@ def dead_critic_update(m: dict) -> str | None:
         return None
     same = m.get("critic_identical_pair_fraction")
     if zero is None:
-        return ("no attempt was critiqued with finite rewards (every first answer correct, or every "
-                "critique failed): the critic has no group to learn from")
+        if not m.get("critic_unscored_groups"):
+            return None
+        return (f"every critiqued attempt ({m['critic_unscored_groups']}) had a critique or a revision that "
+                "failed (no finite reward): the critic has no group to learn from")
     if same is not None and same >= 0.5:
         return (f"the K critiques of an attempt were identical ({same:.0%} of pairs): raise "
                 "binac.temperature, or check that the critic samples (top_p, a greedy critic)")
@@ -125,20 +128,24 @@ def rollout_metrics(table: pa.Table, run: RunConfig = RunConfig(), binac=None) -
 
 
 def mismatch_warning(m: dict, threshold: float, engine_dtype: str, learner_dtype: str) -> str | None:
-    """The warning for a step whose sampler_kl_k3 exceeds `threshold`, naming the likely cause
-    and the settings that fix it (None when it does not)."""
-    kl = m.get("sampler_kl_k3")
-    if kl is None or kl <= threshold:
+    """The warning for a step whose sampler_kl_k3 (the actor's, or the learned critic's)
+    exceeds `threshold`, naming the likely cause and the settings that fix it (None when
+    neither does)."""
+    over = [(who, m.get(f"{prefix}sampler_kl_k3"), m.get(f"{prefix}logprob_abs_diff_mean"),
+             m.get(f"{prefix}logprob_abs_diff_max")) for who, prefix in (("actor", ""), ("critic", "critic_"))]
+    over = [o for o in over if o[1] is not None and o[1] > threshold]
+    if not over:
         return None
+    who, kl, mean, top = over[0]
     cause = (f"the engine samples in {engine_dtype} while the learner computes in {learner_dtype}: "
-             "set model.dtype to the learner's precision"
-             + (" (model.dtype=float32; trainer.bf16=false)" if learner_dtype == "float32" else "")
+             "leave trainer.bf16 unset, so that the learner follows model.dtype"
              if engine_dtype != learner_dtype else
              "engine and learner run at one precision, so look for different kernels, a weight sync "
              "that did not reach the engines, or asynchronous rollouts (run.max_staleness)")
-    return (f"WARNING step {m['step'] + 1}: the sampler and the trainer disagree: sampler_kl_k3 {kl:.2e} "
-            f"> loss.sampler_kl_warn {threshold:g} (mean |log-prob diff| {m.get('logprob_abs_diff_mean') or 0:.3f}, "
-            f"max {m.get('logprob_abs_diff_max') or 0:.2f} nats). Likely cause: {cause}. "
+    key = "sampler_kl_k3" if who == "actor" else "critic_sampler_kl_k3"
+    return (f"WARNING step {m['step'] + 1}: the {who}'s sampler and trainer disagree: {key} {kl:.2e} "
+            f"> loss.sampler_kl_warn {threshold:g} (mean |log-prob diff| {mean or 0:.3f}, "
+            f"max {top or 0:.2f} nats). Likely cause: {cause}. "
             f"loss.rollout_correction bounds the weights meanwhile ('{m.get('rollout_correction')}' now).")
 
 

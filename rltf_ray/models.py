@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 from rltf_ray.config import ConfigError
+from rltf_ray.precision import cpu_has_native_bf16, resolve_dtype  # noqa: F401  (re-exported)
 
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -98,22 +99,6 @@ def weights_sha256(path: str) -> dict[str, str] | None:
                 h.update(chunk)
         out[f.name] = h.hexdigest()
     return out
-
-
-def cpu_has_native_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def resolve_dtype(dtype: str, use_gpu: bool) -> str:
-    if dtype not in ("auto", "bfloat16", "float16", "float32"):
-        raise ConfigError(f"model.dtype: expected auto, bfloat16, float16 or float32, got {dtype!r}")
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if use_gpu or cpu_has_native_bf16() else "float32"
 
 
 def _tiny_corpus() -> list[str]:

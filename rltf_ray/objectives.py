@@ -41,10 +41,13 @@ class Example:
     temperature: float = 1.0
     # Sampler log-probs of the trained tokens (rl0/rl1): the behaviour policy.
     behav_logp: list[float] | None = None
-    # Filled by the trainer's no-grad pre-pass: log pi(y_k | x_k) at the revision
-    # temperature for SD importance weights, and the frozen reference's log-probs for KL.
+    # Filled by the trainer's no-grad pre-pass before the step's first optimizer step:
+    # log pi_old(y_k | x_k) at the revision temperature for SD importance weights, the frozen
+    # reference's log-probs for KL, and pi_old of the trained tokens (RL terms, when the step
+    # takes several optimizer steps): the trust region's centre.
     logp_x1: list[float] | None = None
     ref_logp: list[float] | None = None
+    old_logp: list[float] | None = None
     x1_ids: list[int] = field(default_factory=list)  # the x_k prompt, for SD weights
     x1_temperature: float = 1.0
 
@@ -59,7 +62,7 @@ def _centred(values: torch.Tensor, gid: torch.Tensor, include: torch.Tensor, mod
     out = torch.zeros_like(values)
     if include.any():
         v, g = values[include], gid[include]
-        out[include] = losses.normalize_advantages(v - losses.group_means(v, g), g, mode)
+        out[include] = losses.normalize_advantages(losses.centred(v, g).float(), g, mode)
     return out
 
 
@@ -101,9 +104,11 @@ def build_examples(rows: list[dict], cfg: Config, tokenizer) -> tuple[list[Examp
     a0 = _centred(G[:, 0] if L.turn1_rl or L.first_turn_return == "final" else R[:, 0], gid,
                   taken[:, 0], L.adv_norm)
     a_rl = {k: _centred(G[:, k], gid, taken[:, k], L.adv_norm) for k in range(1, rounds + 1)}
-    first_base = losses.group_means(R[:, 0], gid)
-    a_sd = {k: R[:, k] - (first_base if L.sd_baseline == "first"
-                          else losses.subset_group_means(R[:, k], gid, taken[:, k]))
+    first_base, first_scale = losses.group_means(R[:, 0], gid), losses.group_abs_max(R[:, 0], gid)
+    # r_k - baseline, 0 where they differ by float rounding only (losses.snap_zero)
+    a_sd = {k: losses.snap_zero(R[:, k].double() - (first_base if L.sd_baseline == "first" else
+                                losses.subset_group_means(R[:, k], gid, taken[:, k])),
+                                torch.maximum(R[:, k].double().abs(), first_scale)).float()
             for k in range(1, rounds + 1)}
     out: list[Example] = []
     for i, r in enumerate(rows):
@@ -194,21 +199,24 @@ def build_critic_examples(rows: list[dict], cfg: Config) -> tuple[list[Example],
     at the critic's sampling temperature and against its sampler's log-probs."""
     b = cfg.binac
     out: list[Example] = []
-    groups = dead = 0
+    groups = dead = unscored = 0
     for r in rows:
         rewards = critic_row_rewards(r, b)
-        if not rewards or not all(math.isfinite(x) for x in rewards):
+        if not rewards:
+            continue
+        if not all(math.isfinite(x) for x in rewards):  # a critique or a revision failed
+            unscored += 1
             continue
         rw = torch.tensor(rewards)
-        adv = losses.normalize_advantages(rw - rw.mean(), torch.zeros(len(rw), dtype=torch.long),
-                                          cfg.loss.adv_norm)
+        one = torch.zeros(len(rw), dtype=torch.long)
+        adv = losses.normalize_advantages(losses.centred(rw, one).float(), one, cfg.loss.adv_norm)
         groups, dead = groups + 1, dead + bool((adv == 0).all())
         x = list(r["critic_prompt_ids"])
         for a, ids, lps in zip(adv.tolist(), r["critic_critique_ids"], r["critic_critique_logprobs"]):
             out.append(Example(x + list(ids), len(x), "rl0", a, b.temperature,
                                [float(v) for v in lps]))
     # the share of attempts whose K critiques all got the same reward: they train on nothing
-    return out, {"examples_critic": len(out), "critic_groups": groups,
+    return out, {"examples_critic": len(out), "critic_groups": groups, "critic_unscored_groups": unscored,
                  "critic_zero_advantage_fraction": dead / groups if groups else None}
 
 
@@ -267,6 +275,8 @@ class Batch:
     behav_logp: torch.Tensor
     logp_x1: torch.Tensor
     ref_logp: torch.Tensor
+    old_logp: torch.Tensor
+    old_known: torch.Tensor  # [B, 1]: 1 where old_logp was filled by the pre-pass
 
 
 def _aligned(examples: list[Example], attr: str, like: torch.Tensor) -> torch.Tensor:
@@ -293,7 +303,8 @@ def collate(examples: list[Example], pad_id: int, device: torch.device | str = "
               torch.tensor([e.temperature for e in examples]),
               torch.tensor([[TERMS.index(e.term) if e.term in TERMS else -1] for e in examples]),
               _aligned(examples, "behav_logp", mask), _aligned(examples, "logp_x1", mask),
-              _aligned(examples, "ref_logp", mask))
+              _aligned(examples, "ref_logp", mask), _aligned(examples, "old_logp", mask),
+              torch.tensor([[float(e.old_logp is not None)] for e in examples]))
     return Batch(*(t.to(device) for t in vars(b).values()))
 
 
@@ -344,11 +355,9 @@ def sequence_logprobs(model, seqs: list[tuple[list[int], int]], temperatures: li
 # The per-micro-batch sums that make up a step's metrics (summed over ranks).
 SUM_KEYS = tuple(f"loss_{t}" for t in TERMS) + (
     "kl_sum", "rl_tokens", "mismatch_tokens", "logprob_abs_diff_sum", "mismatch_kl_sum",
-    "clipped_tokens", "corrected_tokens", "sd_tokens", "sd_tokens_masked", "is_w_sum",
+    "drift_kl_sum", "clipped_tokens", "corrected_tokens", "sd_tokens", "sd_tokens_masked", "is_w_sum",
     "is_w_sq_sum", "train_tokens")
 MAX_KEYS = ("logprob_abs_diff_max", "is_w_max")
-# the sampler-vs-trainer agreement: measured before a step's first optimizer step only
-MISMATCH_KEYS = ("mismatch_tokens", "logprob_abs_diff_sum", "mismatch_kl_sum", "logprob_abs_diff_max")
 
 
 def loss_terms(logp: torch.Tensor, b: Batch, norms: dict[str, float], cfg: Config,
@@ -358,11 +367,14 @@ def loss_terms(logp: torch.Tensor, b: Batch, norms: dict[str, float], cfg: Confi
     L = cfg.loss
     m = {t: (b.term == k).float() * b.mask for k, t in enumerate(TERMS)}
     m_rl = m["rl0"] + m["rl1"]
+    # pi_old: the pre-pass's log-probs where it ran (a step of several optimizer steps), else
+    # this forward's own, which are pi_old when the step takes one optimizer step
+    old = torch.where(b.old_known > 0, b.old_logp, logp.detach())
     weight, corrected = None, torch.zeros_like(m_rl)
     if L.rollout_correction != "none":
-        weight, corrected = losses.rollout_weights(logp, b.behav_logp, m_rl, L.rollout_correction,
+        weight, corrected = losses.rollout_weights(old, b.behav_logp, m_rl, L.rollout_correction,
                                                    L.rollout_cap, (L.rollout_mask_low, L.rollout_mask_high))
-    rl_tok = losses.policy_token_loss(logp, b.behav_logp, b.adv, L.policy_loss, L.clip_eps, weight)
+    rl_tok = losses.policy_token_loss(logp, b.behav_logp, b.adv, L.policy_loss, L.clip_eps, weight, old)
     kl_tok = losses.kl_k3(logp, b.ref_logp, m_rl) if L.kl_coef > 0 else torch.zeros_like(logp)
     rl_tok = rl_tok + L.kl_coef * kl_tok
     keep = losses.sd_keep_mask(logp, L.sd_mask_tau)
@@ -377,8 +389,12 @@ def loss_terms(logp: torch.Tensor, b: Batch, norms: dict[str, float], cfg: Confi
     total = (parts["rl0"] + parts["rl1"] + lambda_sd * parts["sd"] + L.lambda_fm * parts["fm"]
              + L.lambda_sft * parts["sft"])
     with torch.no_grad():
-        diff = logp - b.behav_logp  # log(pi_trainer / pi_sampler) on the sampled tokens
+        # the sampler-trainer mismatch, log(pi_old / pi_sampler): the same in every mini-batch
+        diff = old - b.behav_logp
         ratio = torch.exp(diff)
+        # the policy's move within the step, log(pi_theta / pi_old), and the surrogate's own rho
+        drift = logp - old
+        rho = torch.exp(logp - b.behav_logp if weight is None else drift)
         sel_rl = m_rl > 0
         w = (losses.importance_weights(logp, b.logp_x1, m_sd, L.sd_weight_level)
              if L.sd_weight != "none" else torch.ones_like(logp))
@@ -386,7 +402,8 @@ def loss_terms(logp: torch.Tensor, b: Batch, norms: dict[str, float], cfg: Confi
         sums = torch.stack([*(parts[t].detach() for t in TERMS),
                             (kl_tok * m_rl).sum(), m_rl.sum(), m_rl.sum(),
                             (diff.abs() * m_rl).sum(), ((ratio - 1 - diff) * m_rl).sum(),
-                            (((ratio - 1).abs() > L.clip_eps).float() * m_rl).sum(),
+                            ((torch.exp(drift) - 1 - drift) * m_rl).sum(),
+                            (((rho - 1).abs() > L.clip_eps).float() * m_rl).sum(),
                             corrected.sum(),
                             m_sd.sum(), (m["sd"] * (1 - keep)).sum(),
                             (w * m_sd).sum(), (w ** 2 * m_sd).sum(),

@@ -28,7 +28,8 @@ def git_commit(root: Path = ROOT) -> str | None:
 
 def provenance(cfg, engine_dtype: str) -> dict:
     """The run's provenance record (`cfg`: the resolved Config)."""
-    return {"commit": git_commit(), "engine_dtype": engine_dtype,
-            "learner_dtype": "bfloat16" if cfg.trainer.bf16 else "float32",
+    from rltf_ray.precision import precision_of
+
+    return {"commit": git_commit(), **precision_of(cfg).record(), "engine_dtype": engine_dtype,
             "lr": cfg.trainer.lr, "loss": dataclasses.asdict(cfg.loss),
             "model_dtype_setting": cfg.model.dtype}

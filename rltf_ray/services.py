@@ -16,7 +16,8 @@ from rltf_ray.config import Config, ConfigError
 from rltf_ray.disk import check_disk
 from rltf_ray.graph import node_params
 from rltf_ray.memory import NodeMemory
-from rltf_ray.models import resolve_dtype, resolve_model
+from rltf_ray.models import resolve_model
+from rltf_ray.precision import precision_of, resolved
 from rltf_ray.plugins import worker_runtime_env
 
 LEARNER = "rltf-learner"  # the Ray Train run's name (its checkpoints live under storage_path/LEARNER)
@@ -135,7 +136,13 @@ class Services:
         self.critic_model = resolve_model(cfg.binac.critic_model or cfg.model.path, critic_key) if learned else None
         self.out = Path(cfg.run.output_dir).resolve()
         self.use_gpu = cfg.trainer.weight_sync == "nccl"
-        self.dtype = resolve_dtype(cfg.model.dtype, self.use_gpu)
+        # the learner follows the engines unless trainer.bf16 says otherwise (precision.py)
+        self.precision = precision_of(cfg)
+        self.dtype = self.precision.engine
+        self.cfg = resolved(cfg)
+        warning = self.precision.mismatch_warning(cfg.model.dtype, cfg.trainer.bf16)
+        if warning:  # asked for explicitly (trainer.bf16 set against the engine's dtype)
+            log(warning)
 
     def start(self, train: bool = True) -> None:
         """Start the critic app and the engines, and (unless `train` is false, as for
@@ -189,8 +196,10 @@ class Services:
                                      self.cfg.run.seed, self.cfg.trainer.weight_sync,
                                      name=f"rltf/engine-{self.run_id}",
                                      restore_from=(self.broker_name, "actor") if train else None,
-                                     reference_every=b.reference_every if bilevel else 0)
-        log(f"{len(self.engines)} vLLM engine(s) ready, dtype {self.dtype} ({time.perf_counter() - t:.1f}s)")
+                                     reference_every=b.reference_every if bilevel else 0,
+                                     head_dtype=self.precision.head)
+        log(f"{len(self.engines)} vLLM engine(s) ready, dtype {self.dtype}, head "
+            f"{self.precision.head or self.dtype} ({time.perf_counter() - t:.1f}s)")
         if not train:
             return
         self._prepare_resume()
@@ -211,7 +220,8 @@ class Services:
         ecfg = dataclasses.replace(self.cfg.engine, num_engines=b.num_engines, resources=crit.resources)
         self.critic_engines = start_engines(self.critic_model, ecfg, self.dtype, self.cfg.run.seed + 1000,
                                             self.cfg.trainer.weight_sync, name=name,
-                                            restore_from=(self.broker_name, "critic") if train else None)
+                                            restore_from=(self.broker_name, "critic") if train else None,
+                                            head_dtype=self.precision.head)
         log(f"learned critic: {b.num_engines} vLLM engine(s) on {self.critic_model} "
             f"({time.perf_counter() - t:.1f}s)")
         return {"engine_names": [f"{name}-{i}" for i in range(b.num_engines)],

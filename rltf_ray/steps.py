@@ -82,7 +82,7 @@ class StepRunner:
                                      - row["policy_version_rollout"])  # 0: strictly on-policy
         warn = M.mismatch_warning({**row, "rollout_correction": self.cfg.loss.rollout_correction},
                                   self.cfg.loss.sampler_kl_warn, self.dtype,
-                                  "bfloat16" if self.cfg.trainer.bf16 else "float32")
+                                  self.precision.learner)
         if warn and row["step"] >= getattr(self, "mismatch_warned_at", -1) * 2 + 1:
             self.mismatch_warned_at = row["step"]  # steps 1, 3, 7, 15, ...: visible, not a flood
             log(warn)

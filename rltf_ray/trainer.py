@@ -11,6 +11,7 @@ run continues.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import os
 import tempfile
@@ -20,10 +21,10 @@ import ray
 
 from rltf_ray.config import Config
 from rltf_ray.loading import config_from_dict
-from rltf_ray.objectives import (MAX_KEYS, MISMATCH_KEYS, RL_TERMS, SUM_KEYS, TERMS, Example, build_critic_examples,
+from rltf_ray.objectives import (MAX_KEYS, RL_TERMS, SUM_KEYS, TERMS, Example, build_critic_examples,
                                  build_examples, micro_loss, mismatch_sums, sequence_logprobs,
                                  step_normalisers, trained_examples)
-from rltf_ray.learner import Learner, full_state_dict, load_train_state, lr_at, save_train_state
+from rltf_ray.learner import Learner, build_model, full_state_dict, load_train_state, lr_at, save_train_state
 from rltf_ray.memory import peak_rss_gb
 from rltf_ray.realtime import make_realtime
 
@@ -45,10 +46,12 @@ def global_max(n: int, device) -> int:
 
 
 def fill_side_logprobs(mine: list[Example], engine, ref_model, cfg: Config, pad_id: int,
-                       device) -> None:
-    """No-grad pre-pass: pi(y_k|x_k) for SD importance weights (a forward of the DeepSpeed
-    engine, so under ZeRO-3 a collective: padded to the same count on every rank), and the
-    frozen reference's log-probs for KL (a plain module, no collective)."""
+                       device, old: bool = False) -> None:
+    """No-grad pre-pass before the step's first optimizer step, over every example this rank
+    trains in the step: pi_old(y_k|x_k) for SD importance weights and, with `old` (several
+    optimizer steps), pi_old of the RL tokens, the centre of the trust region (forwards of
+    the DeepSpeed engine, so under ZeRO-3 collectives: padded to the same count on every
+    rank); and the frozen reference's log-probs for KL (a plain module, no collective)."""
     mb = cfg.trainer.micro_batch_size
     if cfg.loss.sd_weight != "none":
         sd = [e for e in mine if e.term == "sd"]
@@ -57,8 +60,13 @@ def fill_side_logprobs(mine: list[Example], engine, ref_model, cfg: Config, pad_
         lps = sequence_logprobs(engine, seqs, [e.x1_temperature for e in sd], pad_id, mb, n)
         for e, lp in zip(sd, lps):
             e.logp_x1 = lp
+    rl = [e for e in mine if e.term in RL_TERMS]
+    if old:
+        n = global_max(math.ceil(len(rl) / mb), device)
+        lps = sequence_logprobs(engine, [(e.ids, e.start) for e in rl], [e.temperature for e in rl], pad_id, mb, n)
+        for e, lp in zip(rl, lps):
+            e.old_logp = lp
     if ref_model is not None:
-        rl = [e for e in mine if e.term in RL_TERMS]
         lps = sequence_logprobs(ref_model, [(e.ids, e.start) for e in rl],
                                 [e.temperature for e in rl], pad_id, mb)
         for e, lp in zip(rl, lps):
@@ -110,6 +118,9 @@ def reduce_metrics(sums: dict[str, float], cfg: Config, lambda_sd: float) -> dic
               "sampler_trainer_kl": per_mm(v["mismatch_kl_sum"]), "mismatch_tokens": n_mm,
               # the k3 estimate of KL(sampler || trainer) per sampled token; its warning: runner.py
               "sampler_kl_k3": per_mm(v["mismatch_kl_sum"]),
+              # the policy's move within the step, k3 of pi_old vs pi_theta per RL token (0 with
+              # one optimizer step), and the share of RL tokens whose surrogate rho left the clip
+              "policy_drift_kl_k3": per_rl(v["drift_kl_sum"]),
               "ratio_outside_clip_fraction": per_rl(v["clipped_tokens"]),
               # RL tokens whose correction weight was truncated (tis_*) or dropped (mis_*)
               "correction_truncated_fraction": per_rl(v["corrected_tokens"])
@@ -141,8 +152,9 @@ def mini_batches(examples: list[Example], size: int | None, step: int) -> list[l
 def optimize(engine, ref_model, examples: list[Example], cfg: Config, pad_id: int, step: int,
              rank: int, world: int) -> dict:
     """The RL step's optimizer steps (`trainer.mini_batch_size`; one by default) at the
-    step's learning rate (`lr_at`). The step's metrics: each loss term averaged over the
-    optimizer steps, token counts summed, the sampler-vs-trainer gap from the first."""
+    step's learning rate (`lr_at`), every one against the policy the step started from
+    (pi_old: `fill_side_logprobs`). The step's metrics: each loss term averaged over the
+    optimizer steps, token counts summed, the sampler-vs-trainer gap over all of them."""
     lr = lr_at(step, cfg.trainer, cfg.run.steps)
     for group in engine.optimizer.param_groups:  # DeepSpeed's wrappers share the base optimizer's groups
         group["lr"] = lr
@@ -152,14 +164,17 @@ def optimize(engine, ref_model, examples: list[Example], cfg: Config, pad_id: in
     if global_max(int(any(e.term in RL_TERMS for e in trained_examples(examples, cfg))), dev) == 0:
         # no RL token trains this step: score a sample before any update, for the mismatch
         sums.update(monitor_sample(examples, engine, cfg, pad_id, rank, world, dev))
-    seconds = {"seconds_side_logprobs": 0.0, "seconds_forward_backward": 0.0, "seconds_optimizer": 0.0}
-    for i, part in enumerate(parts):
-        got, took = optimizer_step(engine, ref_model, part, cfg, pad_id, step, rank, world)
+    shards = [shard_examples(trained_examples(part, cfg), rank, world) for part in parts]
+    t0 = time.perf_counter()
+    fill_side_logprobs([e for mine in shards for e in mine], engine, ref_model, cfg, pad_id, dev,
+                       old=len(parts) > 1)
+    seconds = {"seconds_side_logprobs": time.perf_counter() - t0, "seconds_forward_backward": 0.0,
+               "seconds_optimizer": 0.0}
+    for part, mine in zip(parts, shards):
+        got, took = optimizer_step(engine, part, mine, cfg, pad_id, step, world)
         for k, v in got.items():
-            if i and k in MISMATCH_KEYS:  # after an update this step, a gap is the update's, not the sampler's
-                continue
             sums[k] = max(sums.get(k, 0.0), v) if k in MAX_KEYS else sums.get(k, 0.0) + v
-        seconds = {k: seconds[k] + took[k] for k in seconds}
+        seconds = {k: seconds[k] + took.get(k, 0.0) for k in seconds}
     if len(parts) > 1:
         sums = {k: v / len(parts) if k.startswith("loss_") else v for k, v in sums.items()}
     metrics = reduce_metrics(sums, cfg, cfg.loss.lambda_sd_at(step))
@@ -167,19 +182,16 @@ def optimize(engine, ref_model, examples: list[Example], cfg: Config, pad_id: in
     return {**metrics, **seconds, "lr": lr, "optimizer_steps": len(parts)}
 
 
-def optimizer_step(engine, ref_model, examples: list[Example], cfg: Config, pad_id: int, step: int,
-                   rank: int, world: int) -> tuple[dict, dict]:
-    """One optimizer step of `engine` on `examples` (a collective on every rank): shard them,
-    fill the no-grad side log-probs, accumulate micro-batch gradients, check the loss, step.
-    A non-finite loss raises NonFiniteLoss on every rank before the optimizer step, so the
-    weights and the version never advance on a broken step. (This rank's loss shares and
-    token sums, its seconds.)"""
+def optimizer_step(engine, examples: list[Example], mine: list[Example], cfg: Config, pad_id: int,
+                   step: int, world: int) -> tuple[dict, dict]:
+    """One optimizer step of `engine` on `examples` (a collective on every rank), of which
+    this rank trains `mine` (side log-probs already filled): accumulate micro-batch
+    gradients, check the loss, step. A non-finite loss raises NonFiniteLoss on every rank
+    before the optimizer step, so the weights and the version never advance on a broken
+    step. (This rank's loss shares and token sums, its seconds.)"""
     norms = step_normalisers(examples, cfg)
-    mine = shard_examples(trained_examples(examples, cfg), rank, world)
     # gloo (CPU) and NCCL (GPU) both reduce tensors on the worker's own device
     dev = next(engine.module.parameters()).device
-    t0 = time.perf_counter()
-    fill_side_logprobs(mine, engine, ref_model, cfg, pad_id, dev)
     t1 = time.perf_counter()
     mb = cfg.trainer.micro_batch_size
     n_micro = max(global_max(math.ceil(len(mine) / mb), dev), 1)
@@ -207,8 +219,7 @@ def optimizer_step(engine, ref_model, examples: list[Example], cfg: Config, pad_
                             "the optimizer step was not taken")
     t3 = time.perf_counter()
     engine.step()
-    return sums, {"seconds_side_logprobs": t1 - t0, "seconds_forward_backward": t2 - t1,
-                  "seconds_optimizer": time.perf_counter() - t3}
+    return sums, {"seconds_forward_backward": t2 - t1, "seconds_optimizer": time.perf_counter() - t3}
 
 
 def learn_step(engine, ref_model, rows: list[dict], cfg: Config, tokenizer, pad_id: int, step: int,
@@ -224,8 +235,6 @@ def learn_step(engine, ref_model, rows: list[dict], cfg: Config, tokenizer, pad_
 def critic_config(cfg: Config) -> Config:
     """The critic's loss: GRPO with the actor's surrogate, clipping and TIS options, and its
     own learner settings (no SD/FM/SFT terms, no KL: no frozen critic reference is loaded)."""
-    import dataclasses
-
     loss = dataclasses.replace(cfg.loss, turn1_rl=False, lambda_sd=0.0, lambda_fm=0.0, lambda_sft=0.0,
                                kl_coef=0.0, sd_weight="none")
     b = cfg.binac
@@ -239,7 +248,8 @@ def critic_learn_step(engine, rows: list[dict], cfg: Config, pad_id: int, step: 
     """The learned critic's optimizer step: GRPO over the K critiques of each attempt."""
     examples, stats = build_critic_examples(rows, cfg)
     m = optimize(engine, None, examples, critic_config(cfg), pad_id, step, rank, world)
-    keep = ("loss", "logprob_abs_diff_mean", "sampler_trainer_kl", "rl_tokens_trained")
+    keep = ("loss", "logprob_abs_diff_mean", "logprob_abs_diff_max", "sampler_trainer_kl", "sampler_kl_k3",
+            "policy_drift_kl_k3", "rl_tokens_trained")
     return {**{f"critic_{k}" if k != "loss" else "loss_critic": m[k] for k in keep}, **stats}
 
 
@@ -248,7 +258,6 @@ def train_loop(config: dict) -> None:
     learned critic (Bi-NAC), the critic's, each stepping on the schedule `binac` sets."""
     import deepspeed
     import torch
-    from transformers import AutoModelForCausalLM
 
     cfg = config_from_dict(config["cfg"])
     model_path = config["model_path"]
@@ -273,7 +282,9 @@ def train_loop(config: dict) -> None:
     ckpt_dir = os.path.join(config["output_dir"], "checkpoints")
     ref_model = None
     if cfg.loss.kl_coef > 0:  # only then is the frozen reference loaded at all
-        ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        # at the learner's precision, so that KL(pi || ref) is 0 at the start of the run
+        ref_model = build_model(model_path, dataclasses.replace(cfg, trainer=dataclasses.replace(
+            cfg.trainer, lora={}, gradient_checkpointing=False))).eval()
         ref_model.to(next(actor.engine.module.parameters()).device)
     start, recent = 0, []
     ckpt = ray.train.get_checkpoint()  # after a worker crash, or a resumed run

@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -116,3 +117,26 @@ def critic_plugin(name: str, critique: str, imports: str = "") -> str:
             "            s = self.task.score(it['response'], it['meta'])\n"
             f"            out.append({{'reward': s.reward, 'correct': s.correct, 'critique': {critique}}})\n"
             "        return out\n")
+
+
+@pytest.fixture(scope="session")
+def tiny_tied_path(tiny_path, tmp_path_factory) -> str:
+    """The tiny model with its LM head tied to its input embedding, as SmolLM2's is."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny_tied")
+    config = AutoConfig.from_pretrained(tiny_path)
+    config.tie_word_embeddings = True
+    src = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict({k: v for k, v in src.state_dict().items() if k != "lm_head.weight"}, strict=False)
+    model.tie_weights()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    model.save_pretrained(out)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (Path(tiny_path) / f).exists():
+            shutil.copy(Path(tiny_path) / f, out / f)
+    return str(out)

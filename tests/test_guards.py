@@ -77,7 +77,33 @@ def test_the_cause_of_a_dead_critic_update():
     flat = dead_critic_update({"critic_trained": True, "critic_zero_advantage_fraction": 1.0,
                                "critic_identical_pair_fraction": 0.1})
     assert "saturated" in flat
-    assert "no attempt was critiqued" in dead_critic_update({"critic_trained": True})
+    # nothing to critique (every first answer right) is the actor's success, not a dead critic
+    assert dead_critic_update({"critic_trained": True, "critic_unscored_groups": 0}) is None
+    assert "every critiqued attempt (3) had a critique or a revision that failed" in dead_critic_update(
+        {"critic_trained": True, "critic_unscored_groups": 3})
+
+
+def test_an_actor_that_answers_every_batch_right_does_not_stop_the_run():
+    from types import SimpleNamespace
+
+    from rltf_ray.steps import StepRunner
+
+    runner = SimpleNamespace(cfg=load_config(TINY, ["binac.max_dead_updates=1"], preset="binac"))
+    _, stats = build_critic_examples([dict(reward_first=1.0, correct_first=True, critic_critiques=[])],
+                                     runner.cfg)
+    for step in range(3):  # no attempt critiqued: no groups, nothing failed
+        StepRunner.check_critic_update(runner, {"step": step, "critic_trained": True, **stats})
+
+
+@pytest.mark.parametrize("reward,k", [(-0.9, 3), (-0.1, 8), (-0.9, 6)])
+def test_equal_critique_rewards_are_a_dead_group_whatever_float_rounding_leaves(reward, k):
+    """K critiques whose revisions all score `reward`: their mean differs from each by float
+    rounding (for -0.9 x 3 the deviations are ~6e-8), which is no signal."""
+    cfg = load_config(TINY, ["binac.format_penalty=null"], preset="binac")
+    rows = [critic_row([reward] * k, [[5 + i] for i in range(k)])]
+    ex, stats = build_critic_examples(rows, cfg)
+    assert stats["critic_zero_advantage_fraction"] == 1.0
+    assert all(e.adv == 0.0 for e in ex)
 
 
 def test_bad_guard_settings_are_refused():
@@ -93,10 +119,14 @@ def test_the_mismatch_warning_names_the_cause_and_the_fix():
          "rollout_correction": "tis_token"}
     text = mismatch_warning(m, 1e-3, "bfloat16", "float32")
     assert text.startswith("WARNING step 3") and "4.00e-03" in text
-    assert "samples in bfloat16 while the learner computes in float32" in text and "model.dtype=float32" in text
+    assert "samples in bfloat16 while the learner computes in float32" in text and "trainer.bf16 unset" in text
     assert "different kernels" in mismatch_warning(m, 1e-3, "float32", "float32")
     assert mismatch_warning(m, 1e-2, "bfloat16", "float32") is None
     assert mismatch_warning({"step": 0, "sampler_kl_k3": None}, 1e-3, "bfloat16", "float32") is None
+    # the learned critic's own mismatch is read too
+    critic = mismatch_warning({"step": 0, "sampler_kl_k3": 1e-4, "critic_sampler_kl_k3": 0.18,
+                               "critic_logprob_abs_diff_mean": 0.2}, 1e-3, "bfloat16", "bfloat16")
+    assert "the critic's sampler and trainer disagree: critic_sampler_kl_k3 1.80e-01" in critic
 
 
 def test_consecutive_dead_critic_updates_stop_the_run():

@@ -88,12 +88,66 @@ def test_the_default_correction_bounds_the_weight_of_a_large_mismatch():
     assert g.abs().sum().item() == 0.0 and sums["corrected_tokens"] == 2  # w_seq = e^2.5: dropped
 
 
+@pytest.mark.parametrize("correction", ["none", "tis_token", "tis_sequence", "mis_token", "mis_sequence"])
+def test_a_token_that_drifted_beyond_the_clip_within_the_step_gets_no_gradient(correction):
+    """A later mini-batch: the policy moved 1 nat above pi_old (the step's start, where the
+    sampler drew it: mu = pi_old) on a token with A = 1. rho = e > 1 + eps under every
+    correction, so ppo_clip stops it. (Before pi_old was kept for the whole step, rho was
+    taken against the trainer's own detached log-prob, 1 in every mini-batch: the gradient
+    was -w = -2 under tis_token.)"""
+    ex = [Example([1, 2, 7], 2, "rl0", 1.0, behav_logp=[-3.0], old_logp=[-3.0])]
+    c = cfg(policy_loss="ppo_clip", clip_eps=0.2, rollout_correction=correction, lambda_sd=0.0)
+    g, total, sums = grads_of(ex, c, -2.0)
+    assert g.abs().sum().item() == 0.0
+    assert total.item() == pytest.approx(-1.2)  # -min(e * 1, 1.2 * 1)
+    assert sums["clipped_tokens"] == 1 and sums["drift_kl_sum"] == pytest.approx(math.e - 1 - 1)
+    # the sampler-trainer mismatch is pi_old against the sampler: none here, whatever the drift
+    assert sums["mismatch_kl_sum"] == 0.0 and sums["logprob_abs_diff_sum"] == 0.0
+    # within the clip the gradient flows: 0.1 nat of drift, rho = e^0.1
+    g, _, _ = grads_of(ex, c, -2.9)
+    assert g[0, 1].item() == pytest.approx(-math.exp(0.1))
+
+
+def test_the_correction_weight_is_pi_old_over_the_sampler_and_rho_is_pi_theta_over_pi_old():
+    """pi_old 0.5 nat above the sampler (w = e^0.5), the policy 0.1 nat above pi_old:
+    importance_sampling gives -w * rho * A per token with rho = e^0.1."""
+    ex = [Example([1, 2, 7], 2, "rl0", 2.0, behav_logp=[-3.5], old_logp=[-3.0])]
+    g, total, sums = grads_of(ex, cfg(rollout_correction="tis_token", lambda_sd=0.0), -2.9)
+    assert total.item() == pytest.approx(-math.exp(0.5) * math.exp(0.1) * 2.0)
+    assert g[0, 1].item() == pytest.approx(-math.exp(0.5) * math.exp(0.1) * 2.0)
+    assert sums["logprob_abs_diff_sum"] == pytest.approx(0.5)  # |log pi_old - log mu|
+    assert sums["mismatch_kl_sum"] == pytest.approx(math.exp(0.5) - 1 - 0.5)
+
+
 def test_kl_penalty_against_the_reference_enters_the_rl_terms():
     ex = [Example([1, 2, 7], 2, "rl0", 0.0, behav_logp=[-1.0], ref_logp=[-2.0])]  # A = 0: KL only
     g, total, sums = grads_of(ex, cfg(kl_coef=0.5, lambda_sd=0.0), -1.0)
     k3 = math.exp(-1.0) - (-1.0) - 1  # exp(ref - logp) - (ref - logp) - 1
     assert total.item() == pytest.approx(0.5 * k3) and sums["kl_sum"] == pytest.approx(k3)
     assert g[0, 1].item() == pytest.approx(0.5 * (1 - math.exp(-1.0)))  # d k3 / d logp
+
+
+@pytest.mark.parametrize("adv_norm", ["none", "group"])
+def test_a_group_of_equal_rewards_has_exactly_zero_advantage(adv_norm):
+    """8 rewards of -0.1 average to -0.1 + 7.45e-9 in float32; group normalisation used to
+    blow that up to ~0.0074 for every member. Beside a group with signal, the flat group
+    counts as dead (fraction 0.5) and none of its sequences trains."""
+    c = cfg(adv_norm=adv_norm, lambda_sd=0.0)
+    flat = rows([-0.1] * 8, [-0.1] * 8, "flat")
+    live = rows([1.0, 0.0] * 4, [1.0] * 8, "live")
+    ex, stats = build_examples(flat + live, c, None)
+    rl0 = [e for e in ex if e.term == "rl0"]
+    assert [e.adv for e in rl0[:8]] == [0.0] * 8 and all(e.adv != 0.0 for e in rl0[8:])
+    assert stats["zero_adv_group_fraction"] == 0.5
+    assert not any(e in trained_examples(ex, c) for e in ex[:16])  # the flat group's rl0 and rl1
+
+
+def test_three_equal_rewards_of_minus_0_9_are_a_dead_group_and_sd_sees_no_signal():
+    c = cfg(lambda_sd=0.1)
+    ex, stats = build_examples(rows([-0.9] * 3, [-0.9] * 3), c, None)
+    assert stats["zero_adv_group_fraction"] == 1.0
+    assert all(e.adv == 0.0 for e in ex)  # rl0, rl1 and sd (r1 - mean r0 = 0 exactly)
+    assert trained_examples(ex, c) == []
 
 
 def test_the_kl_penalty_covers_zero_advantage_rl_sequences():

@@ -17,6 +17,7 @@ import ray
 
 from rltf_ray.config import EngineConfig
 from rltf_ray.memory import peak_rss_gb
+from rltf_ray.precision import engine_kwargs
 from rltf_ray.realtime import make_realtime
 
 
@@ -91,7 +92,7 @@ class PolicyEngine:
 
     def __init__(self, model_path: str, cfg: EngineConfig, dtype: str, seed: int,
                  sync: str = "object_store", restore_from: tuple[str, str] | None = None,
-                 reference_every: int = 0):
+                 reference_every: int = 0, head_dtype: str | None = None):
         try:
             from vllm import LLM
         except ImportError as e:  # never swap engines silently
@@ -104,9 +105,9 @@ class PolicyEngine:
         # processed_logprobs: the returned log-prob of a sampled token is taken after
         # temperature (and top-p/top-k), i.e. under the distribution that drew it -- the
         # behaviour policy the trainer's ratio needs. vLLM's default is the raw T=1 one.
-        kwargs = dict(model=model_path, dtype=dtype, enforce_eager=cfg.enforce_eager,
+        kwargs = dict(model=model_path, enforce_eager=cfg.enforce_eager,
                       max_model_len=cfg.max_model_len, seed=seed,
-                      logprobs_mode="processed_logprobs")
+                      logprobs_mode="processed_logprobs", **engine_kwargs(dtype, head_dtype))
         if cfg.block_size:
             kwargs["block_size"] = cfg.block_size
         if self.collective:
@@ -259,11 +260,13 @@ class PolicyEngine:
 
 def start_engines(model_path: str, cfg: EngineConfig, dtype: str, seed: int,
                   sync: str = "object_store", name: str | None = None,
-                  restore_from: tuple[str, str] | None = None, reference_every: int = 0) -> list:
+                  restore_from: tuple[str, str] | None = None, reference_every: int = 0,
+                  head_dtype: str | None = None) -> list:
     """Start `cfg.num_engines` engine actors and wait until each has loaded the model.
     With `name`, engine i is the named actor f"{name}-{i}" (found by others by name, and
     shown by that name in the Ray dashboard); with `reference_every`, each also holds
-    Bi-NAC's reference actor."""
+    Bi-NAC's reference actor. `head_dtype` "float32": the LM head's logits in fp32
+    (`model.head_dtype`)."""
     actor = ray.remote(PolicyEngine)
     use_gpu = sync == "nccl"
     engines = []
@@ -278,6 +281,6 @@ def start_engines(model_path: str, cfg: EngineConfig, dtype: str, seed: int,
         if restore_from and sync == "object_store":  # a restarted engine could not rejoin a collective group
             opts.update(max_restarts=cfg.max_restarts, max_task_retries=cfg.max_restarts)
         engines.append(actor.options(**opts).remote(model_path, cfg, dtype, seed + i, sync, restore_from,
-                                                    reference_every))
+                                                    reference_every, head_dtype))
     ray.get([e.ready.remote() for e in engines])
     return engines
