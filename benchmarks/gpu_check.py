@@ -17,7 +17,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rltf_ray.config import Config, LossConfig  # noqa: E402
-from rltf_ray.objectives import Example, micro_loss, sequence_logprobs, step_normalisers  # noqa: E402
+from rltf_ray.examples import Example, step_normalisers  # noqa: E402
+from rltf_ray.forward import sequence_logprobs  # noqa: E402
+from rltf_ray.objectives import micro_loss  # noqa: E402
 
 
 def run(device: str, weight: str, kl: float):

@@ -21,7 +21,7 @@ def critic_metrics(rows: list[dict], b) -> dict:
     actor's revisions from them fix a wrong first answer (`critic_fix_rate`), their length,
     the groups whose format penalty was waived, the critiques whose x1 did not fit, the
     attempts whose critic prompt did not fit, and the version that wrote them."""
-    from rltf_ray.objectives import critic_reference_utilities, critic_row_rewards, format_waived
+    from rltf_ray.critic_examples import critic_reference_utilities, critic_row_rewards, format_waived
 
     overflowed = sum(bool(r.get("critic_context_overflow")) for r in rows)
     rows = [r for r in rows if r.get("critic_critiques")]

@@ -2,7 +2,7 @@
 hold a DeepSpeed engine (and, with a learned critic, a second one) and consume whole RL
 steps handed over by the `StepBroker` (rltf_ray/broker.py).
 
-Per step: build token examples (objectives.py), split them across workers and
+Per step: build token examples (examples.py), split them across workers and
 micro-batches, accumulate gradients, take one optimizer step, then rank 0 pushes the new
 weights to every engine before the next step's rollouts. Every `run.checkpoint_every` steps
 the DeepSpeed state goes into a Ray Train checkpoint, from which a restarted or resumed
@@ -21,9 +21,11 @@ import ray
 
 from rltf_ray.config import Config
 from rltf_ray.loading import config_from_dict
-from rltf_ray.objectives import (MAX_KEYS, RL_TERMS, SUM_KEYS, TERMS, Example, build_critic_examples,
-                                 build_examples, micro_loss, mismatch_sums, sequence_logprobs,
-                                 step_normalisers, trained_examples)
+from rltf_ray.critic_examples import build_critic_examples
+from rltf_ray.examples import RL_TERMS, TERMS, Example, build_examples, step_normalisers, trained_examples
+from rltf_ray.forward import sequence_logprobs
+from rltf_ray.mismatch import mismatch_sums
+from rltf_ray.objectives import MAX_KEYS, SUM_KEYS, micro_loss
 from rltf_ray.learner import Learner, build_model, full_state_dict, load_train_state, lr_at, save_train_state
 from rltf_ray.memory import peak_rss_gb
 from rltf_ray.realtime import make_realtime

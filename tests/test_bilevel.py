@@ -9,7 +9,8 @@ from rltf_ray import losses
 from rltf_ray.config import BinacConfig, ConfigError
 from rltf_ray.loading import load_config
 from rltf_ray.metrics import critic_metrics
-from rltf_ray.objectives import build_critic_examples, build_examples, critic_rewards
+from rltf_ray.critic_examples import build_critic_examples, critic_rewards
+from rltf_ray.examples import build_examples
 from rltf_ray.stages.critique import critic_scores
 
 from test_objectives import cfg, rows

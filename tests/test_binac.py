@@ -10,7 +10,7 @@ import torch
 
 from rltf_ray.config import BinacConfig, Config, ConfigError, LossConfig
 from rltf_ray.loading import load_config
-from rltf_ray.objectives import build_critic_examples, critic_rewards
+from rltf_ray.critic_examples import build_critic_examples, critic_rewards
 from conftest import engine_logprobs  # noqa: E402
 
 
@@ -198,7 +198,7 @@ def test_binac_runs_two_steps_with_the_bilevel_term_and_a_critic_of_another_voca
         [r["critic_critique_ids"] for r in critiqued])
     assert lines[1]["critic_groups"] == len(critiqued) and 0.0 <= lines[1]["critic_zero_advantage_fraction"] <= 1.0
     # the critic's reward is what its rows give, and no critic prompt overflowed here
-    from rltf_ray.objectives import critic_row_rewards
+    from rltf_ray.critic_examples import critic_row_rewards
 
     rewards = [x for r in critiqued for x in critic_row_rewards(r, cfg.binac)]
     assert lines[1]["critic_reward_mean"] == pytest.approx(sum(rewards) / len(rewards))

@@ -7,7 +7,9 @@ import torch
 from rltf_ray.chat import FM_INSTRUCTION, encode, first_turn_messages, fm_messages, revision_messages
 from rltf_ray.config import Config, LossConfig
 from rltf_ray.chat import DEFAULT_REVISION_TEMPLATE
-from rltf_ray.objectives import Example, build_examples, collate, micro_loss, step_normalisers
+from rltf_ray.examples import Example, build_examples, step_normalisers
+from rltf_ray.forward import collate
+from rltf_ray.objectives import micro_loss
 
 
 def test_revision_prompt_has_x0_y0_c0_in_turn_order(tiny_tokenizer):

@@ -7,7 +7,7 @@ from rltf_ray.config import ConfigError
 from rltf_ray.graph import CritiqueParams
 from rltf_ray.loading import load_config
 from rltf_ray.metrics import dead_critic_update, identical_pair_fraction, mismatch_warning
-from rltf_ray.objectives import build_critic_examples
+from rltf_ray.critic_examples import build_critic_examples
 from rltf_ray.stages.critique import CriticFailure, check_critique_failures
 
 TINY = "pipelines/configs/tiny.yaml"

@@ -85,7 +85,8 @@ def test_the_mismatch_is_reported_when_no_rl_sequence_is_trained(engine, tiny_to
 def test_lora_trains_only_the_adapters_and_syncs_merged_weights(tiny_path, tiny_tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from rltf_ray.objectives import build_examples, micro_loss, step_normalisers
+    from rltf_ray.examples import build_examples, step_normalisers
+    from rltf_ray.objectives import micro_loss
     from rltf_ray.learner import build_model, merged_state_dict
 
     cfg = Config(trainer=TrainerConfig(bf16=False, lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}))

@@ -8,9 +8,9 @@ import torch
 from rltf_ray import losses
 from rltf_ray.config import Config, ConfigError, LossConfig, RunConfig
 from rltf_ray.loading import load_config
-from rltf_ray.objectives import (Example, build_examples, collate, loss_terms, micro_loss,
-                                 sequence_logprobs, step_normalisers, trained_examples,
-                                 trained_logprobs)
+from rltf_ray.examples import Example, build_examples, step_normalisers, trained_examples
+from rltf_ray.forward import collate, sequence_logprobs, trained_logprobs
+from rltf_ray.objectives import loss_terms, micro_loss
 
 
 def cfg(turns: int = 2, **loss) -> Config:
