@@ -77,7 +77,8 @@ def score(model_path: str, learner: str, seqs, temperature: float, micro_batch: 
 
     from rltf_ray.config import Config, ModelConfig, TrainerConfig
     from rltf_ray.learner import build_model
-    from rltf_ray.objectives import Example, collate, trained_logprobs
+    from rltf_ray.examples import Example
+    from rltf_ray.forward import collate, trained_logprobs
 
     dtype, head = PRECISIONS[learner]
     cfg = Config(model=ModelConfig(path=model_path, dtype=dtype, head_dtype=head),

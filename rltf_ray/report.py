@@ -48,7 +48,7 @@ def collect_run(out: Path, preset: str, seed: int) -> dict:
             "weights_sha256": summary.get("weights_sha256"),
             # the arm: a comparison's --variant suffix of the preset (`rltf_sd.fp32`), else "default"
             "variant": preset.partition(".")[2] or "default",
-            **{k: prov.get(k) for k in ("commit", "engine_dtype", "learner_dtype", "lr", "loss")}}
+            **{k: prov.get(k) for k in ("commit", "engine_dtype", "learner_dtype", "head_dtype", "lr", "loss")}}
 
 
 def fix_rate_halves(steps: list[dict]) -> list[float] | None:
