@@ -27,12 +27,18 @@ def first_turn_messages(row: dict) -> list[dict]:
     return [{"role": "user", "content": row["prompt"]}]
 
 
+def fill_critique(template: str, critique: str) -> str:
+    """The template with `{critique}` replaced, and nothing else read as a field: a task's
+    template may hold braces of its own (math asks for `\\boxed{...}`)."""
+    return template.replace("{critique}", critique)
+
+
 def revision_messages(row: dict, exchanges: list[tuple[str, str]], template: str) -> list[dict]:
     """x_k = [x0, y0, c0, ..., y_{k-1}, c_{k-1}] from the (attempt, critique) exchanges."""
     msgs = first_turn_messages(row)
     for response, critique in exchanges:
         msgs += [{"role": "assistant", "content": response},
-                 {"role": "user", "content": template.format(critique=critique)}]
+                 {"role": "user", "content": fill_critique(template, critique)}]
     return msgs
 
 

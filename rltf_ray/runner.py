@@ -17,7 +17,7 @@ from rltf_ray.graph import node_params, validate
 from rltf_ray.models import weights_sha256
 from rltf_ray.services import STOP_WAIT_S, Services, log
 from rltf_ray.sources import PromptSource, load_eval_rows, with_system
-from rltf_ray.steps import STAGE_KINDS, StepRunner
+from rltf_ray.steps import STAGE_KINDS, StepRunner, no_held_out
 from rltf_ray.tasks import get_task
 
 
@@ -46,9 +46,8 @@ class Pipeline(Services, StepRunner):
         self.held_out = (load_eval_rows(self.task, cfg.eval.path, cfg.eval.prompts, source) if cfg.eval.path
                          else with_system(self.task.held_out(cfg.eval.prompts), source.system_prompt)
                          if self.task.generates else None)
-        if self.held_out is None:
-            raise ConfigError(f"eval.path: task '{self.task.name}' has no problem generator, so its held-out "
-                              "problems must come from a file: set eval.path (the same row shape as the prompts)")
+        if self.held_out is None and (cfg.run.eval_before_after or cfg.run.eval_every):
+            raise no_held_out(self.task.name)
         self.next_step: int | None = None  # set by begin()
 
     def _prompt_fits(self):

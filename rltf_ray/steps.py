@@ -9,11 +9,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rltf_ray import metrics as M
-from rltf_ray.errors import DeadCriticError
+from rltf_ray.errors import ConfigError, DeadCriticError
 from rltf_ray.graph import node_params, node_round
 from rltf_ray.services import log
 
 STAGE_KINDS = ("generate", "critique", "revise", "reward")  # the nodes `rollout` runs as Ray Data stages
+
+
+def no_held_out(task: str) -> ConfigError:
+    """A run or a call that evaluates, on a task with no held-out problems of its own."""
+    return ConfigError(f"eval.path: task '{task}' has no problem generator, so its held-out problems must "
+                       "come from a file: set eval.path (the same row shape as the prompts), or evaluate "
+                       "nothing (run.eval_before_after=false, run.eval_every=0)")
 
 
 class StepRunner:
@@ -171,6 +178,8 @@ class StepRunner:
         task's test split, or the rows of `eval.path`."""
         E = self.cfg.eval
         rows = self.held_out
+        if rows is None:
+            raise no_held_out(self.task.name)
         out = self.evaluator().run(rows, E.pass_k if full else [], E.samples,
                                    E.feedback_rounds if full else 0, E.self_feedback_rounds if full else 0,
                                    greedy=E.greedy or not full)

@@ -103,6 +103,13 @@ def test_the_critic_learns_and_its_engine_serves_the_checkpoint(tiny_path, tiny_
         m = critic_learn_step(critic.engine, [row], cfg, 0, 0, 0, 1)
         assert m["examples_critic"] == 2 and m["critic_rl_tokens_trained"] > 0 and math.isfinite(m["loss_critic"])
         assert m["critic_logprob_abs_diff_mean"] < 1e-3  # its sampler and its learner agree
+        # the critic's mismatch over its step, which the run's warning reads beside the actor's
+        assert 0 <= m["critic_sampler_kl_k3"] < 1e-6 and m["critic_policy_drift_kl_k3"] == 0.0
+        from rltf_ray.metrics import mismatch_warning
+
+        warn = mismatch_warning({**m, "step": 0, "critic_sampler_kl_k3": m["critic_sampler_kl_k3"] + 1e-3},
+                                1e-3, "float32", "float32")
+        assert "the critic's sampler and trainer disagree: critic_sampler_kl_k3" in warn
         assert m["critic_zero_advantage_fraction"] == 0.0 and m["critic_groups"] == 1  # rewards 1 and 0
         state = critic.push()
         assert critic.version == 1 and ray.get(engine.ready.remote()) == 1
@@ -155,7 +162,7 @@ def test_a_critic_prompt_too_long_for_the_critics_context_is_counted_never_sent(
 @pytest.mark.integration
 @pytest.mark.slow  # ~4-8 min on 2 cores: `make test-all`
 def test_binac_runs_two_steps_with_the_bilevel_term_and_a_critic_of_another_vocabulary(tmp_path, tiny_path,
-                                                                                      tiny_wide_path):
+                                                                                      tiny_wide_path, capfd):
     """The paper's preset, 1:1 alternating, the reference refreshed every version; the actor's
     pad id (512) is outside the critic's vocabulary (0..511), so the critic must pad with its own."""
     from rltf_ray.runner import Pipeline
@@ -164,7 +171,8 @@ def test_binac_runs_two_steps_with_the_bilevel_term_and_a_critic_of_another_voca
                       [f"run.output_dir={tmp_path}", "run.steps=2", "run.eval_before_after=false",
                        f"model.path={tiny_wide_path}", f"binac.critic_model={tiny_path}",
                        "run.serve_http_port=8171", "binac.actor_steps=1", "binac.critic_steps=1",
-                       "binac.reference_every=1", "binac.format_penalty=0.0", "run.checkpoint_every=1"],
+                       "binac.reference_every=1", "binac.format_penalty=0.0", "run.checkpoint_every=1",
+                       "loss.sampler_kl_warn=1e-15"],  # below any rounding: every step warns
                       preset="binac")
     assert cfg.binac.bilevel_lambda == 1.0 and cfg.binac.schedule == "alternate"
     summary = Pipeline(cfg).run()
@@ -173,6 +181,9 @@ def test_binac_runs_two_steps_with_the_bilevel_term_and_a_critic_of_another_voca
     assert [m["critic_version"] for m in lines] == [0, 1]  # the critic at step 1
     assert [m["actor_trained"] for m in lines] == [True, False] and "loss_critic" in lines[1]
     assert summary["critic_engine_versions"] == [1]
+    # step 2 trained only the critic: its mismatch, read by the warning (at steps 1, 3, ...)
+    assert lines[1]["critic_sampler_kl_k3"] > 1e-15 and "sampler_kl_k3" not in lines[1]
+    assert "the critic's sampler and trainer disagree: critic_sampler_kl_k3" in capfd.readouterr().out
     # the weights each model started from, told apart (the two models differ)
     sha = {name: hashlib.sha256(Path(p, "model.safetensors").read_bytes()).hexdigest()
            for name, p in (("actor", tiny_wide_path), ("critic", tiny_path))}

@@ -26,6 +26,23 @@ def test_revision_prompt_has_x0_y0_c0_in_turn_order(tiny_tokenizer):
     assert ids[:len(x0) - 3] == x0[:len(x0) - 3]  # x1 starts with x0's user turn
 
 
+@pytest.mark.parametrize("name", ["arithmetic", "convention", "math", "writing", "knights_knaves",
+                                  "binary_matrix", "shortest_path"])
+def test_every_built_in_tasks_revision_template_takes_a_critique(name):
+    """Each task's own template, as the revision stage fills it: math's asks for
+    `\\boxed{...}`, which str.format read as a field and every revision failed."""
+    from rltf_ray.config import TaskConfig
+    from rltf_ray.tasks import get_task
+
+    template = get_task(TaskConfig(name=name)).revision_template
+    msgs = revision_messages({"prompt": "q"}, [("a0", "Use {braces} as written.")], template)
+    turn = msgs[-1]["content"]
+    assert turn == template.replace("{critique}", "Use {braces} as written.")
+    assert "Use {braces} as written." in turn and "{critique}" not in turn
+    if name == "math":
+        assert "\\boxed{...}" in turn
+
+
 def test_fm_prompt(tiny_tokenizer):
     text = tiny_tokenizer.decode(encode(tiny_tokenizer, fm_messages("Q?", "A.")))
     assert text.startswith("<|im_start|>user\n" + FM_INSTRUCTION)

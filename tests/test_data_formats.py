@@ -281,3 +281,19 @@ def test_trl_rows_a_trl_reward_function_and_a_plugin_critic_train_from_outside_t
             assert tok.decode(r["revision_prompt_ids"]).startswith(tok.decode(r["prompt_ids"])[:40])
     metrics = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0]
+
+
+def test_a_run_that_evaluates_nothing_needs_no_held_out_file(user_dir):
+    """TRL asks for no evaluation set: reward functions and a prompt file train without eval.path
+    when the run evaluates nothing; a run that evaluates still must name its problems."""
+    from rltf_ray.runner import Pipeline
+
+    prompts = f"pipeline.prompts.path={user_dir / 'rows.jsonl'}"
+    ref = f"task.reward_funcs=[{user_dir}/my_rewards.py:accuracy]"
+    small = ["pipeline.prompts.prompts_per_step=3", "run.steps=1"]
+    p = Pipeline(load_config("pipelines/configs/tiny.yaml", [ref, prompts, *small, "run.eval_before_after=false"]))
+    assert p.held_out is None
+    with pytest.raises(ConfigError, match="has no problem generator.*or evaluate nothing"):
+        p.evaluate()
+    with pytest.raises(ConfigError, match="has no problem generator"):
+        Pipeline(load_config("pipelines/configs/tiny.yaml", [ref, prompts, *small]))
