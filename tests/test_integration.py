@@ -159,10 +159,12 @@ def test_losses_finite_and_metrics_keys(run):
         # native bf16, else fp32), agree closely on the sampled tokens at their sampling
         # temperature (tests/test_sampler_agreement.py)
         assert 0 <= m["logprob_abs_diff_mean"] < 0.05 and m["sampler_trainer_kl"] < 0.01
-        # measured against pi_old over every optimizer step's RL tokens, not the first one's
-        assert m["mismatch_tokens"] == m["rl_tokens_trained"] > 0
-        # later optimizer steps see a policy that moved within the step: the clip's ratio
-        assert m["policy_drift_kl_k3"] > 0
+        # measured against pi_old over every optimizer step's RL tokens (tests/test_learn_step.py
+        # checks the values); a step that trained no RL token scores a no-grad sample instead
+        if m["rl_tokens_trained"]:
+            assert m["mismatch_tokens"] == m["rl_tokens_trained"] and m["policy_drift_kl_k3"] >= 0
+        else:
+            assert m["mismatch_tokens"] > 0 and m["policy_drift_kl_k3"] is None
         # the rollout-correction metrics of the default (tis_token): the k3 KL and the share of
         # RL tokens whose weight the cap truncated
         assert m["sampler_kl_k3"] == m["sampler_trainer_kl"] and m["correction_masked_fraction"] is None

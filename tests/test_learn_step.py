@@ -106,3 +106,25 @@ def test_lora_trains_only_the_adapters_and_syncs_merged_weights(tiny_path, tiny_
     after = merged_state_dict(model)
     moved = {k for k in base if not torch.equal(after[k], base[k])}
     assert moved and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in moved)
+
+
+def test_several_optimizer_steps_measure_the_sampler_over_all_of_them_against_pi_old(engine, tiny_tokenizer):
+    """trainer.mini_batch_size=2: the step's 7 examples in 4 optimizer steps. The mismatch
+    keys cover every RL token of every optimizer step and compare the sampler with pi_old,
+    the policy before the step's first update (scored here by hand first); the policy's own
+    move within the step is reported apart."""
+    from rltf_ray.examples import RL_TERMS, build_examples, trained_examples
+    from rltf_ray.forward import sequence_logprobs
+    from rltf_ray.trainer import learn_step
+
+    cfg = Config(trainer=TrainerConfig(micro_batch_size=4, mini_batch_size=2))
+    examples, _ = build_examples(rows(), cfg, tiny_tokenizer)
+    rl = [e for e in trained_examples(examples, cfg) if e.term in RL_TERMS]
+    old = sequence_logprobs(engine.module, [(e.ids, e.start) for e in rl], [e.temperature for e in rl], 0, 8)
+    gaps = torch.tensor([lp - (-2.0) for lps in old for lp in lps])  # the sampler said -2 for every token
+    m = learn_step(engine, None, rows(), cfg, tiny_tokenizer, 0, 0, 0, 1)
+    assert m["optimizer_steps"] == 4 and m["rl_tokens_trained"] == len(gaps) == 8
+    assert m["mismatch_tokens"] == 8  # every optimizer step's RL tokens, not the first one's
+    assert m["logprob_abs_diff_mean"] == pytest.approx(float(gaps.abs().mean()), rel=1e-5)
+    assert m["sampler_kl_k3"] == pytest.approx(float((torch.exp(gaps) - 1 - gaps).mean()), rel=1e-4)
+    assert m["policy_drift_kl_k3"] > 0  # the later optimizer steps saw a policy that had moved
