@@ -73,6 +73,12 @@ def build_model(model_path: str, cfg: Config):
     if cfg.trainer.gradient_checkpointing:  # recompute activations in backward: memory for time
         model.config.use_cache = False
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # HF's layers checkpoint only in training mode, and from_pretrained returns the model in
+        # eval mode; dropout stays off, as in the sampler
+        for m in model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+        model.train()
     lora = cfg.trainer.lora
     if lora:
         from peft import LoraConfig, get_peft_model

@@ -68,10 +68,13 @@ def dead_critic_update(m: dict) -> str | None:
         return None
     same = m.get("critic_identical_pair_fraction")
     if zero is None:
-        if not m.get("critic_unscored_groups"):
-            return None
-        return (f"every critiqued attempt ({m['critic_unscored_groups']}) had a critique or a revision that "
-                "failed (no finite reward): the critic has no group to learn from")
+        if m.get("critic_unscored_groups"):
+            return (f"every critiqued attempt ({m['critic_unscored_groups']}) had a critique or a revision "
+                    "that failed (no finite reward): the critic has no group to learn from")
+        if m.get("critic_context_overflow"):
+            return (f"every critic prompt to send ({m['critic_context_overflow']}) was too long for the critic's "
+                    "context: raise engine.max_model_len, or lower binac.max_tokens or the actor's max_tokens")
+        return None
     if same is not None and same >= 0.5:
         return (f"the K critiques of an attempt were identical ({same:.0%} of pairs): raise "
                 "binac.temperature, or check that the critic samples (top_p, a greedy critic)")

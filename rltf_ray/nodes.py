@@ -145,7 +145,8 @@ class ReviseParams:
     temperature: float = 1.0  # sampling temperature of revisions
     top_p: float = 1.0  # nucleus sampling of revisions
     max_tokens: int = 128  # the longest revision
-    # The user turn that carries the critique; {critique} is replaced. None: the task's own,
+    # The user turn that carries the critique; {critique} is replaced and every other brace is
+    # kept as written (not str.format: no {{ escapes needed). None: the task's own,
     # which asks for its answer format (<answer>...</answer>, or \boxed{} for math).
     template: str | None = None
     batch_size: int = 32  # rows per Ray Data batch sent to an engine

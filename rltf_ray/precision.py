@@ -12,6 +12,7 @@ widens the gap (docs/benchmarks.md, "Sampler-learner precision").
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +77,10 @@ class Precision:
         """The start-of-run warning for an engine and a learner at different precisions."""
         if self.matched:
             return None
+        if bf16_setting is None:  # float16 engines: no learner mode matches them
+            return (f"WARNING: the engines sample in {self.engine} (model.dtype={model_dtype}), and the learner "
+                    f"has no {self.engine} mode, so it computes in {self.learner}: the sampler and the learner "
+                    "score different models. Use model.dtype=bfloat16 or float32 for RL.")
         return (f"WARNING: the engines sample in {self.engine} (model.dtype={model_dtype}) while the learner "
                 f"computes in {self.learner} (trainer.bf16={str(bf16_setting).lower()}). The learner then "
                 "scores another model's samples: on this library's capability-expansion task the sampler "
@@ -99,18 +104,43 @@ def fp32_head(model) -> None:
     `head_dtype: float32` does in the engine. The weight stays the parameter DeepSpeed owns
     (a tied embedding's lookup is untouched, and a weight sync sends the same tensor); only
     the head's matmul runs in fp32, so no fp32 copy can go stale."""
-    import torch
-
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = base.get_output_embeddings()
     if head is None:
         raise ConfigError("model.head_dtype=float32: this model has no output embeddings to compute in fp32")
+    if getattr(head, "bias", None) is not None:
+        raise ConfigError("model.head_dtype=float32: an LM head with a bias is not supported; set model.head_dtype=null")
+    linear = fp32_linear()
+    head.forward = lambda hidden: linear.apply(hidden, head.weight)
 
-    def forward(hidden):
-        bias = head.bias.float() if getattr(head, "bias", None) is not None else None
-        return torch.nn.functional.linear(hidden.float(), head.weight.float(), bias)
 
-    head.forward = forward
+@functools.cache
+def fp32_linear():
+    import torch
+
+    class Fp32Linear(torch.autograd.Function):
+        """hidden @ weight.T in fp32 from bf16 operands. Autograd would keep the fp32 copy of
+        the (vocabulary x hidden) weight from forward to backward; this saves the bf16
+        operands and casts again in backward, so the copy lives for one matmul (vLLM's CUDA
+        path avoids it with an fp32-output matmul)."""
+
+        @staticmethod
+        def forward(ctx, hidden, weight):
+            ctx.save_for_backward(hidden, weight)
+            return torch.nn.functional.linear(hidden.float(), weight.float())
+
+        @staticmethod
+        def backward(ctx, grad):
+            hidden, weight = ctx.saved_tensors
+            g_hidden = g_weight = None
+            if ctx.needs_input_grad[0]:
+                g_hidden = (grad @ weight.float()).to(hidden.dtype)
+            if ctx.needs_input_grad[1]:
+                g_weight = (grad.reshape(-1, grad.shape[-1]).T @ hidden.reshape(-1, hidden.shape[-1]).float()
+                            ).to(weight.dtype)
+            return g_hidden, g_weight
+
+    return Fp32Linear
 
 
 def precision_of(cfg) -> Precision:

@@ -221,6 +221,8 @@ def evaluate_only(cfg: Config) -> tuple[Pipeline, dict]:
     """A held-out evaluation of `cfg`'s model with its critic, no learner (`rltf-ray eval`,
     `rltf-ray check`); the stopped pipeline (its resolved model and critic) and the result."""
     pipe = Pipeline(cfg)
+    if pipe.held_out is None:  # before any engine starts
+        raise no_held_out(pipe.task.name)
     pipe.start(train=False)
     try:
         return pipe, pipe.evaluate()

@@ -81,6 +81,8 @@ def test_the_cause_of_a_dead_critic_update():
     assert dead_critic_update({"critic_trained": True, "critic_unscored_groups": 0}) is None
     assert "every critiqued attempt (3) had a critique or a revision that failed" in dead_critic_update(
         {"critic_trained": True, "critic_unscored_groups": 3})
+    assert "too long for the critic's context" in dead_critic_update(
+        {"critic_trained": True, "critic_unscored_groups": 0, "critic_context_overflow": 4})
 
 
 def test_an_actor_that_answers_every_batch_right_does_not_stop_the_run():

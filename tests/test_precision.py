@@ -26,6 +26,8 @@ def test_the_learner_follows_the_engine_unless_told(dtype, bf16, engine, learner
 
 
 def test_a_mismatch_asked_for_names_both_settings_and_the_matched_one_says_nothing():
+    fp16 = resolve_precision("float16", None, "float32", False).mismatch_warning("float16", None)
+    assert "the learner has no float16 mode" in fp16 and "model.dtype=bfloat16 or float32" in fp16
     text = resolve_precision("bfloat16", False, "float32", False).mismatch_warning("bfloat16", False)
     assert "engines sample in bfloat16 (model.dtype=bfloat16)" in text
     assert "learner computes in float32 (trainer.bf16=false)" in text and "0 of 10 seeds" in text
@@ -87,3 +89,24 @@ def test_a_run_that_asks_for_a_mismatch_prints_the_warning_when_it_is_built(caps
     assert p.cfg.trainer.bf16 is False and p.precision.engine == "bfloat16"
     matched = Pipeline(load_config(TINY, ["model.dtype=float32"]))
     assert "WARNING" not in capsys.readouterr().out and matched.cfg.trainer.bf16 is False
+
+
+def test_the_fp32_heads_gradients_are_autograds_own_without_keeping_an_fp32_weight():
+    """Fp32Linear against autograd through `linear(h.float(), W.float())`: the same logits
+    and the same bf16 gradients, bit for bit; what it saves for backward is the bf16 pair."""
+    from rltf_ray.precision import fp32_linear
+
+    torch.manual_seed(0)
+    h = torch.randn(2, 3, 16, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(40, 16, dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(2, 3, 40)
+    ref = torch.nn.functional.linear(h.float(), w.float())
+    ref.backward(g)
+    want = (h.grad.clone(), w.grad.clone())
+    h.grad = w.grad = None
+    got = fp32_linear().apply(h, w)
+    assert got.dtype == torch.float32 and torch.equal(got, ref.detach())
+    assert [t.dtype for t in got.grad_fn.saved_tensors] == [torch.bfloat16, torch.bfloat16]
+    got.backward(g)
+    assert h.grad.dtype == w.grad.dtype == torch.bfloat16
+    assert torch.equal(h.grad, want[0]) and torch.equal(w.grad, want[1])
