@@ -93,11 +93,15 @@ def check_step(cfg, summary, m):
 def test_sd_is_under_zero3_with_two_workers(shared_ray, tmp_path, tiny_path):
     """The importance-weight pre-pass forwards a rank-dependent number of SD sequences; under
     ZeRO-3 every forward is a collective, so unequal counts would hang. 3 prompts x 4 samples
-    over 2 ranks gives each rank a different share."""
+    over 2 ranks gives each rank a different share. Several optimizer steps add the pi_old
+    pre-pass over the RL tokens, and bf16 with the fp32 head puts that head under ZeRO-3's
+    partitioned parameters."""
     cfg, summary, m = one_step(tmp_path, 8143, "trainer.zero_stage=3", "pipeline.prompts.prompts_per_step=3",
-                               preset="sd_is")
+                               "trainer.mini_batch_size=9", "model.dtype=bfloat16", preset="sd_is")
     assert cfg.trainer.num_workers == 2 and summary["engine_versions"] == [1]
-    assert math.isfinite(m["loss"]) and m["examples_sd"] > 0
+    assert math.isfinite(m["loss"]) and m["examples_sd"] > 0 and m["optimizer_steps"] >= 2
+    prov = summary["provenance"]
+    assert (prov["engine_dtype"], prov["learner_dtype"], prov["head_dtype"]) == ("bfloat16", "bfloat16", "float32")
 
 
 def test_a_failing_critic_stops_the_run_with_its_error(shared_ray, tmp_path, tiny_path):
