@@ -2,10 +2,13 @@
 
     RLTF_TINY=<tiny model folder> python benchmarks/gpu_deepspeed_check.py
 
-For ZeRO stages 2 and 3 with bf16 it takes three-turn rollout rows, runs the trainer's own
-`learn_step` (example building, micro-batched gradient accumulation, optimizer step) several
-times on the same rows, and checks that every loss term is finite, that the FM loss falls,
-and that `full_state_dict` returns every full-size weight (ZeRO-3 gathers its shards).
+For ZeRO stages 2 and 3 with bf16 and the fp32 LM head (the model as `build_model` makes it)
+it takes three-turn rollout rows, runs the trainer's own `learn_step` (example building,
+micro-batched gradient accumulation, optimizer step) several times on the same rows, then once
+with several optimizer steps (the pi_old pre-pass), and checks that every loss term is finite,
+that the FM loss falls, and that `full_state_dict` returns every full-size weight (ZeRO-3
+gathers its shards). Its CUDA run predates the fp32 head and the pi_old pass: since those,
+it has run on CPU only (2026-12-07), not on a GPU.
 It prints one table row per stage. Ray is not needed: if it is missing, the `ray.remote`
 decorator that `rltf_ray.trainer` applies at import time is replaced by a no-op here.
 """
@@ -27,7 +30,7 @@ except ImportError:  # a bare GPU box: only the decorator is used at import time
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from rltf_ray.config import Config, LossConfig, RunConfig, TrainerConfig  # noqa: E402
+from rltf_ray.config import Config, LossConfig, ModelConfig, RunConfig, TrainerConfig  # noqa: E402
 
 
 def rows() -> list[dict]:
@@ -53,17 +56,18 @@ def rows() -> list[dict]:
 
 def check(stage: int, tiny: str) -> tuple[bool, str]:
     import deepspeed
-    from transformers import AutoModelForCausalLM
 
     from rltf_ray.chat import load_tokenizer
-    from rltf_ray.learner import deepspeed_config, full_state_dict
+    from rltf_ray.learner import build_model, deepspeed_config, full_state_dict
     from rltf_ray.trainer import learn_step
 
-    cfg = Config(loss=LossConfig(turn1_rl=True, lambda_sd=0.1, lambda_fm=1.0, sd_weight="clip"),
-                 trainer=TrainerConfig(zero_stage=stage, bf16=True, lr=1e-3, micro_batch_size=3),
+    # bf16 with the fp32 LM head, as the learner builds it (rltf_ray.learner.build_model)
+    cfg = Config(model=ModelConfig(path=tiny, dtype="bfloat16", head_dtype="float32"),
+                 loss=LossConfig(turn1_rl=True, lambda_sd=0.1, lambda_fm=1.0, sd_weight="clip"),
+                 trainer=TrainerConfig(zero_stage=stage, lr=1e-3, micro_batch_size=3),
                  run=RunConfig(turns=3))
     tok = load_tokenizer(tiny)
-    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    model = build_model(tiny, cfg)
     sizes = {k: v.shape for k, v in model.state_dict().items()}
     optim = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optim, config=deepspeed_config(cfg),
@@ -73,6 +77,12 @@ def check(stage: int, tiny: str) -> tuple[bool, str]:
         m = learn_step(engine, None, rows(), cfg, tok, tok.pad_token_id or 0, step, 0, 1)
         fm.append(m["loss_fm"])
         finite = all(v == v for k, v in m.items() if k.startswith("loss"))
+    # then a step of several optimizer steps: the pi_old pre-pass under this ZeRO stage
+    import dataclasses
+
+    several = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, mini_batch_size=6))
+    mb = learn_step(engine, None, rows(), several, tok, tok.pad_token_id or 0, 4, 0, 1)
+    finite = finite and all(v == v for k, v in mb.items() if k.startswith("loss")) and mb["optimizer_steps"] >= 2
     state = full_state_dict(engine, stage)
     full = all(state[k].shape == s for k, s in sizes.items())
     ok = finite and fm[-1] < fm[0] and full and m["examples_sd"] == 4
