@@ -134,19 +134,18 @@ def mismatch_warning(m: dict, threshold: float, engine_dtype: str, learner_dtype
     """The warning for a step whose sampler_kl_k3 (the actor's, or the learned critic's)
     exceeds `threshold`, naming the likely cause and the settings that fix it (None when
     neither does)."""
-    over = [(who, m.get(f"{prefix}sampler_kl_k3"), m.get(f"{prefix}logprob_abs_diff_mean"),
-             m.get(f"{prefix}logprob_abs_diff_max")) for who, prefix in (("actor", ""), ("critic", "critic_"))]
-    over = [o for o in over if o[1] is not None and o[1] > threshold]
+    over = [(who, prefix, m.get(f"{prefix}sampler_kl_k3")) for who, prefix in (("actor", ""), ("critic", "critic_"))]
+    over = [o for o in over if o[2] is not None and o[2] > threshold]
     if not over:
         return None
-    who, kl, mean, top = over[0]
+    who, prefix, kl = over[0]
+    mean, top = m.get(f"{prefix}logprob_abs_diff_mean"), m.get(f"{prefix}logprob_abs_diff_max")
     cause = (f"the engine samples in {engine_dtype} while the learner computes in {learner_dtype}: "
              "leave trainer.bf16 unset, so that the learner follows model.dtype"
              if engine_dtype != learner_dtype else
              "engine and learner run at one precision, so look for different kernels, a weight sync "
              "that did not reach the engines, or asynchronous rollouts (run.max_staleness)")
-    key = "sampler_kl_k3" if who == "actor" else "critic_sampler_kl_k3"
-    return (f"WARNING step {m['step'] + 1}: the {who}'s sampler and trainer disagree: {key} {kl:.2e} "
+    return (f"WARNING step {m['step'] + 1}: the {who}'s sampler and trainer disagree: {prefix}sampler_kl_k3 {kl:.2e} "
             f"> loss.sampler_kl_warn {threshold:g} (mean |log-prob diff| {mean or 0:.3f}, "
             f"max {top or 0:.2f} nats). Likely cause: {cause}. "
             f"loss.rollout_correction bounds the weights meanwhile ('{m.get('rollout_correction')}' now).")

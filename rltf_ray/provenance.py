@@ -26,10 +26,9 @@ def git_commit(root: Path = ROOT) -> str | None:
     return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
-def provenance(cfg, engine_dtype: str) -> dict:
-    """The run's provenance record (`cfg`: the resolved Config)."""
-    from rltf_ray.precision import precision_of
-
-    return {"commit": git_commit(), **precision_of(cfg).record(), "engine_dtype": engine_dtype,
+def provenance(cfg, precision) -> dict:
+    """The run's provenance record (`cfg`: the resolved Config; `precision`: its resolved
+    `rltf_ray.precision.Precision`)."""
+    return {"commit": git_commit(), **precision.record(),
             "lr": cfg.trainer.lr, "loss": dataclasses.asdict(cfg.loss),
             "model_dtype_setting": cfg.model.dtype}

@@ -104,7 +104,7 @@ class Pipeline(Services, StepRunner):
         from rltf_ray.tracking import Tracker
 
         # the code that runs is the code imported at start-up, whatever the checkout holds later
-        self.provenance = provenance(self.cfg, self.dtype)
+        self.provenance = provenance(self.cfg, self.precision)
         self.next_step = self.first_step = self.wait_start()
         # steps whose state this run has checkpointed (a restored run starts from one)
         self.checkpointed = {self.first_step} if self.first_step else set()
