@@ -70,9 +70,12 @@ class RLTFConfig:
 
     def task(self, name: str | None = None, **values) -> "RLTFConfig":
         """Another task starts from its own params: the config's were its task's.
-        `reward_funcs` may hold functions: each is named by its module, which ships as a plugin."""
+        `reward_funcs` (and `correct_from`) may hold functions: each is named by its module,
+        which ships as a plugin."""
         if "reward_funcs" in values:
             values["reward_funcs"] = [f if isinstance(f, str) else self._reward_ref(f) for f in values["reward_funcs"]]
+        if callable(values.get("correct_from")):
+            values["correct_from"] = self._reward_ref(values["correct_from"])
         current = self._data.get("task") or {}
         after = {**current, **values, **({"name": name} if name else {})}
         if C.task_name(after) != C.task_name(current) and "params" not in values:

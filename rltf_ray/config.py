@@ -59,14 +59,18 @@ class TaskConfig:
     # reward_funcs. Prompts then come from a file.
     reward_funcs: list = field(default_factory=list)
     reward_weights: list | None = None  # one weight per reward function; None = 1 each
-    # reward_funcs: an answer whose weighted reward reaches this counts as correct (accuracy,
-    # and which answers get critiqued).
+    # reward_funcs: the function whose value alone decides correctness (accuracy, and which
+    # answers get critiqued), by its name or as listed in reward_funcs; None = the first listed.
+    # Not the weighted sum: a format reward would make a wrong answer in the format correct.
+    correct_from: str | None = None
+    # reward_funcs: an answer is correct when correct_from's value reaches this (a None never does).
     correct_threshold: float = 1.0
 
     def __post_init__(self):
         if not self.reward_funcs:
-            if self.reward_weights is not None:
-                raise ConfigError("task.reward_weights: set without task.reward_funcs")
+            for key in ("reward_weights", "correct_from"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(f"task.{key}: set without task.reward_funcs")
             return
         object.__setattr__(self, "name", task_name({"name": self.name, "reward_funcs": self.reward_funcs}))
         if self.name != "reward_funcs":
@@ -79,10 +83,11 @@ class TaskConfig:
                               f"reward function), got {w!r}")
         if not math.isfinite(self.correct_threshold):
             raise ConfigError("task.correct_threshold: must be a finite number")
-        from rltf_ray.tasks.rewards import resolve
+        from rltf_ray.tasks.rewards import correct_index, resolve
 
         for ref in self.reward_funcs:  # a missing module or a wrong signature fails here, before start
             resolve(ref)
+        correct_index(list(self.reward_funcs), self.correct_from)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ Measures (each over distinct held-out problems, with its standard error):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import ray
@@ -58,42 +58,46 @@ def mean_se(values: list[float]) -> tuple[float, float]:
 
 @dataclass
 class Evaluator:
-    """Runs the measures against live engines. `score(rows, texts)` gives a Score per text
-    (the verifier, or the critic for a task without one); `critique(rows, texts, which)`
-    gives {index: (critique text, or None where it failed, error)} from the task's critic."""
+    """Runs the measures against live engines. Answers are the engine's outputs (`.text`,
+    `.token_ids`). `score(rows, answers, version)` gives a Score per answer (the verifier, or
+    the critic for a task without one); `critique(rows, answers, which, version)` gives
+    {index: (critique text, or None where it failed, error)} from the task's critic. `version`
+    is the policy version evaluated: reward functions get it as trainer_state.global_step."""
 
     engines: list
     model_path: str
     task: object
-    score: Callable[[list[dict], list[str]], list[Score]]
-    critique: Callable[[list[dict], list[str], list[int]], dict]
+    score: Callable[[list[dict], list, int], list[Score]]
+    critique: Callable[[list[dict], list, list[int], int], dict]
     temperature: float
     max_tokens: int
     revision_template: str
     critique_max_tokens: int = 128
     max_failed_fraction: float = 0.2
+    version: int = field(default=0, init=False)  # set by `run` from the engines
 
     def _x0(self, rows: list[dict]) -> list[list[int]]:
         tok = load_tokenizer(self.model_path)
         return [encode(tok, first_turn_messages(r)) for r in rows]
 
-    def _greedy(self, prompts: list[list[int]], max_tokens: int | None = None) -> list[str]:
-        outs = generate(self.engines, prompts, 1, 0.0, max_tokens or self.max_tokens)
-        return [g[0].text for g in outs]
+    def _greedy(self, prompts: list[list[int]], max_tokens: int | None = None) -> list:
+        """One greedy answer per prompt, as the engine returned it (text and token ids)."""
+        return [g[0] for g in generate(self.engines, prompts, 1, 0.0, max_tokens or self.max_tokens)]
 
     def run(self, rows: list[dict], pass_k: list[int], samples: int, feedback_rounds: int,
             self_feedback_rounds: int, greedy: bool = True) -> dict:
-        out: dict = {"problems": len(rows), "version": ray.get(self.engines[0].ready.remote())}
+        self.version = ray.get(self.engines[0].ready.remote())
+        out: dict = {"problems": len(rows), "version": self.version}
         x0 = self._x0(rows)
-        first: list[str] = []
+        first: list = []
         if greedy or feedback_rounds or self_feedback_rounds:
             first = self._greedy(x0)
-            s = self.score(rows, first)
+            s = self.score(rows, first, self.version)
             out["greedy_accuracy"], out["greedy_accuracy_se"] = mean_se([float(c) for _, c, _ in s])
             out["greedy_reward"] = mean_se([r for r, _, _ in s if math.isfinite(r)])[0]
             out["greedy_format_rate"] = mean_se([float(f) for _, _, f in s])[0]
             out["greedy_unscored"] = sum(not math.isfinite(r) for r, _, _ in s)  # judge failures
-            out["sample_texts"] = first[:3]
+            out["sample_texts"] = [a.text for a in first[:3]]
             out["greedy_correct"] = [int(c) for _, c, _ in s]  # per problem: a paired gain's SE
         if pass_k:
             out.update(self._pass_at_k(rows, x0, pass_k, samples))
@@ -105,9 +109,9 @@ class Evaluator:
 
     def _pass_at_k(self, rows, x0, ks: list[int], samples: int) -> dict:
         groups = generate(self.engines, x0, samples, self.temperature, self.max_tokens)
-        texts = [g.text for group in groups for g in group]
+        answers = [g for group in groups for g in group]
         flat_rows = [r for r in rows for _ in range(samples)]
-        correct = [c for _, c, _ in self.score(flat_rows, texts)]
+        correct = [c for _, c, _ in self.score(flat_rows, answers, self.version)]
         per_problem = [sum(correct[i * samples:(i + 1) * samples]) for i in range(len(rows))]
         out = {"pass_samples": samples, "pass_temperature": self.temperature}
         for k in ks:
@@ -116,12 +120,13 @@ class Evaluator:
         return out
 
     def _revise(self, rows: list[dict], exchanges: list[list[tuple[str, str]]], which: list[int]) -> dict:
+        """{index: the greedy revision (an engine output)} of the rows in `which`."""
         tok = load_tokenizer(self.model_path)
         prompts = [encode(tok, revision_messages(rows[i], exchanges[i], self.revision_template))
                    for i in which]
         return dict(zip(which, self._greedy(prompts))) if which else {}
 
-    def _feedback(self, rows, first: list[str], rounds: int) -> dict:
+    def _feedback(self, rows, first: list, rounds: int) -> dict:
         """The critic in the loop; an answer that is right ends its episode.
 
         The accuracy is over the same problems as the first try's. A problem whose critique
@@ -131,14 +136,14 @@ class Evaluator:
         error. When more than `max_failed_fraction` of the requests failed, the measure is not
         reported at all (the training loop stops a step at the same bound)."""
         latest, exchanges = list(first), [[] for _ in rows]
-        correct = [c for _, c, _ in self.score(rows, latest)]
+        correct = [c for _, c, _ in self.score(rows, latest, self.version)]
         measured = [True] * len(rows)
         asked = failed = 0
         error = ""
         out: dict = {}
         for k in range(1, rounds + 1):
             todo = [i for i, c in enumerate(correct) if not c and measured[i]]
-            crit = self.critique(rows, latest, todo)
+            crit = self.critique(rows, latest, todo, self.version)
             live = [i for i in todo if crit[i][0] is not None]
             asked += len(todo)
             for i in todo:
@@ -147,12 +152,12 @@ class Evaluator:
                     measured[i] = False
                     error = error or crit[i][1]
             for i in live:
-                exchanges[i].append((latest[i], crit[i][0]))
+                exchanges[i].append((latest[i].text, crit[i][0]))
             revised = self._revise(rows, exchanges, live)
-            for i, text in revised.items():
-                latest[i] = text
+            for i, answer in revised.items():
+                latest[i] = answer
             if live:
-                got = self.score([rows[i] for i in live], [latest[i] for i in live])
+                got = self.score([rows[i] for i in live], [latest[i] for i in live], self.version)
                 for i, (_, c, _) in zip(live, got):
                     correct[i] = c
             out[f"feedback_accuracy_{k}"], out[f"feedback_accuracy_{k}_se"] = mean_se([float(c) for c in correct])
@@ -168,19 +173,19 @@ class Evaluator:
                 f"{self.max_failed_fraction}); first error: {error}")
         return out
 
-    def _self_feedback(self, rows, first: list[str], rounds: int) -> dict:
+    def _self_feedback(self, rows, first: list, rounds: int) -> dict:
         """The model's own critique (the FM prompt), then a revision; no oracle stops it."""
         tok = load_tokenizer(self.model_path)
         latest, exchanges = list(first), [[] for _ in rows]
         out: dict = {}
         for k in range(1, rounds + 1):
-            prompts = [encode(tok, fm_messages(r["prompt"], latest[i])) for i, r in enumerate(rows)]
+            prompts = [encode(tok, fm_messages(r["prompt"], latest[i].text)) for i, r in enumerate(rows)]
             critiques = self._greedy(prompts, self.critique_max_tokens)
             for i, c in enumerate(critiques):
-                exchanges[i].append((latest[i], c.strip()))
-            for i, text in self._revise(rows, exchanges, list(range(len(rows)))).items():
-                latest[i] = text
-            s = self.score(rows, latest)
+                exchanges[i].append((latest[i].text, c.text.strip()))
+            for i, answer in self._revise(rows, exchanges, list(range(len(rows)))).items():
+                latest[i] = answer
+            s = self.score(rows, latest, self.version)
             out[f"self_feedback_accuracy_{k}"], out[f"self_feedback_accuracy_{k}_se"] = \
                 mean_se([float(c) for _, c, _ in s])
         return out

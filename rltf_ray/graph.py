@@ -18,7 +18,8 @@ from rltf_ray.nodes import (CritiqueParams, GenerateParams, ReviseParams, Reward
 # reference actor), and their rewards. Empty for the other critics.
 CRITIC_CRITIQUE = ("critic_version", "critic_prompt_ids", "critic_critiques", "critic_critique_ids",
                    "critic_critique_logprobs", "critic_verdicts", "critic_format_ok", "critic_context_overflow")
-CRITIC_REVISE = ("critic_revisions", "critic_reference_revisions")
+CRITIC_REVISE = ("critic_revisions", "critic_reference_revisions", "critic_revision_ids",
+                 "critic_reference_revision_ids")
 CRITIC_REWARD = ("critic_revision_rewards", "critic_revision_correct", "critic_reference_rewards")
 CRITIC_COLUMNS = CRITIC_CRITIQUE + CRITIC_REVISE + CRITIC_REWARD
 
@@ -37,7 +38,7 @@ KINDS: dict[str, NodeKind] = {
     "generate": NodeKind(("prompt", "messages"), ("sample_idx", "prompt_ids", "response", "response_ids",
                                        "response_logprobs", "policy_version", "engine"), GenerateParams,
                          "first turn: N vLLM samples per prompt"),
-    "critique": NodeKind(("prompt", "response", "meta"),
+    "critique": NodeKind(("step", "prompt", "response", "response_ids", "meta"),
                          ("reward_first", "correct_first", "format_first", "critique",
                           "critique_asked", "critique_failed", "critique_error", "critic_disagrees", "revised",
                           *CRITIC_CRITIQUE), CritiqueParams,
@@ -46,7 +47,7 @@ KINDS: dict[str, NodeKind] = {
                        ("revision_prompt_ids", "revision", "revision_ids", "revision_logprobs",
                         "revision_cached_tokens", "revised", "context_overflow", *CRITIC_REVISE),
                        ReviseParams, "second turn: one revision y1 from x1=[x0,y0,c0]"),
-    "reward": NodeKind(("revision", "revised", "meta", "reward_first"),
+    "reward": NodeKind(("step", "revision", "revision_ids", "revised", "meta", "reward_first"),
                        ("reward_second", "correct_second", "format_second", "reward_asked", "reward_failed",
                         *CRITIC_REWARD),
                        RewardParams, "score the revision (task verifier, or the critic's verdict)"),
@@ -83,8 +84,9 @@ def columns(kind: str, k: int = 1) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return spec.reads, spec.writes
     writes = tuple(round_col(c, k) for c in spec.writes if c not in FIRST_TURN_SCORE + CRITIC_COLUMNS)
     earlier = [c for kd in ROUND_KINDS[:ROUND_KINDS.index(kind)] for c in columns(kd, k)[1]]
-    previous = [round_col(c, k - 1) for c in ("revised", "revision", "reward_second", "correct_second")]
-    return ("prompt", "messages", "meta", *previous, *earlier), writes
+    previous = [round_col(c, k - 1) for c in ("revised", "revision", "revision_ids", "reward_second",
+                                                 "correct_second")]
+    return ("step", "prompt", "messages", "meta", *previous, *earlier), writes
 
 
 def expand_rounds(cfg: Config) -> Config:

@@ -186,7 +186,7 @@ def _absolute_plugins(data: dict) -> None:
 
 def _reward_plugins(data: dict) -> None:
     """A reward function given as 'path/to/file.py:function' ships its file as a plugin and is
-    named by the plugin's module ('file:function') from then on."""
+    named by the plugin's module ('file:function') from then on, in task.correct_from too."""
     task = data.get("task")
     funcs = task.get("reward_funcs") if isinstance(task, dict) else None
     if not isinstance(funcs, list):
@@ -199,7 +199,10 @@ def _reward_plugins(data: dict) -> None:
                 raise ConfigError(f"task.reward_funcs: file not found: {path} (from {ref!r})")
             if path not in (data.get("plugins") or []):
                 data["plugins"] = [*(data.get("plugins") or []), path]
-            ref = f"{module_name(path)}:{fn}"
+            new = f"{module_name(path)}:{fn}"
+            if task.get("correct_from") == ref:
+                task = {**task, "correct_from": new}
+            ref = new
         refs.append(ref)
     data["task"] = {**task, "reward_funcs": refs}
 

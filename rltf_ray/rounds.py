@@ -43,6 +43,12 @@ def attempt_text(row: dict, k: int) -> str:
     return row["response"] if k == 1 else row[round_col("revision", k - 1)]
 
 
+def attempt_ids(row: dict, k: int) -> list[int] | None:
+    """The token ids of y_{k-1} as the engine generated them; None for a row built without
+    them (by hand: the pipeline's rows always carry them, its column contract says so)."""
+    return row.get("response_ids") if k == 1 else row.get(round_col("revision_ids", k - 1))
+
+
 def attempt(row: dict, k: int) -> Attempt:
     """The attempt that critique round `k` judges, with its score."""
     if k == 1:

@@ -7,7 +7,8 @@ bytes that are not UTF-8, a line that is not a JSON object, a missing or empty p
 string, or a list of chat messages ending with a user turn), a `meta` the task cannot score
 (the task's own solution must score as correct against it), a null or duplicate id, a mapped
 column that is missing, and a prompt too long for the engine's context with the first turn's
-`max_tokens`. The columns are the source node's to name (`prompt_key`, `id_key`, `meta_keys`;
+`max_tokens`; then the file's columns as a whole (a reward function's required parameter that
+no column supplies is a ConfigError). The columns are the source node's to name (`prompt_key`, `id_key`, `meta_keys`;
 docs/data.md). With `on_bad_row: error` (the default) the run stops with the list; with
 `skip` the bad rows go to `bad_rows.jsonl` beside the run's outputs, are counted, and the
 rest train."""
@@ -198,7 +199,23 @@ def read_prompt_file(path: str, task: Task, fits=None, key: str = "pipeline.prom
             continue
         seen[row["prompt_id"]] = line
         out.rows.append(row)
+    if out.rows:
+        _columns(task, out.rows, key)
     return out
+
+
+def _columns(task: Task, rows: list[dict], key: str) -> None:
+    """The columns are known once the whole file is read: the task checks that they supply
+    what it needs (a reward function's required parameters). For reward functions, a column
+    that some rows lack is None in them, as in a Hugging Face dataset of these rows: every
+    answer of a batch then gets every keyword."""
+    metas = [json.loads(r["meta"]) for r in rows]
+    columns = {k for m in metas for k in m} - {"_prompt"}
+    task.check_columns(columns, key)
+    if task.scores_prompt:
+        for r, m in zip(rows, metas):
+            if len(m) - ("_prompt" in m) < len(columns):
+                r["meta"] = json.dumps({**dict.fromkeys(columns), **m}, sort_keys=True, default=str)
 
 
 def bad_rows_error(path: str, bad: list[dict], key: str = "pipeline.prompts.path") -> ConfigError:

@@ -147,11 +147,14 @@ class StepRunner:
         critic = self.critic_params
         gen = node_params(self.cfg.node("generate"))
 
-        def score(rows: list[dict], texts: list[str]) -> list[tuple]:
-            got = score_texts(self.task, critic, rows, texts, list(range(len(rows))))
+        # the engine's ids of each answer and the policy version go with the texts: reward
+        # functions get them as completion_ids and trainer_state.global_step
+        def score(rows: list[dict], answers: list, version: int) -> list[tuple]:
+            got = score_texts(self.task, critic, rows, [a.text for a in answers], list(range(len(rows))),
+                              [a.token_ids for a in answers], version)
             return [got[i][0] for i in range(len(rows))]
 
-        def critique(rows: list[dict], texts: list[str], which: list[int]) -> dict:
+        def critique(rows: list[dict], answers: list, which: list[int], version: int) -> dict:
             # only wrong answers are critiqued (the evaluator's oracle), as in training, where a
             # verdict-aware learned critic is told the verifier's verdict
             told = [{**r, "correct_first": False} for r in rows]
@@ -160,9 +163,11 @@ class StepRunner:
             # a whole held-out set in one request outlasts it, and every retry queues behind
             # the abandoned work
             got: dict = {}
+            texts, ids = [a.text for a in answers], [a.token_ids for a in answers]
             for at in range(0, len(which), critic.batch_size):
                 # one critique each: the evaluation uses one, and K would cost K times the critic's time
-                got.update(ask_critic(critic, told, texts, which[at:at + critic.batch_size], samples=1))
+                got.update(ask_critic(critic, told, texts, which[at:at + critic.batch_size], samples=1,
+                                      ids=ids, step=version))
             return {i: (res["critique"] if res else None, err) for i, (res, err) in got.items()}
 
         E = self.cfg.eval

@@ -56,15 +56,17 @@ def wrong_attempts(engine, model_path: str, task, start: int, count: int, temper
         prompts = [encode(tok, first_turn_messages(r)) for r in rows]
         res = ray.get(engine.generate.remote(prompts, n=samples, temperature=temperature, top_p=1.0,
                                              max_tokens=max_tokens))
-        for row, group in zip(rows, res["outputs"]):
-            meta = json.loads(row["meta"])
-            for g in group:
-                seen += 1
-                if task.score(g.text, meta).correct:
-                    continue
-                wrong += 1  # every wrong answer counts, so that the accuracy below is the model's
-                if len(out) < count:
-                    out.append((row, g.text, meta))
+        got = [(row, json.loads(row["meta"]), g) for row, group in zip(rows, res["outputs"]) for g in group]
+        # one batch, with the engine's ids; no RL step yet, so no trainer_state
+        scores = task.score_batch([g.text for _, _, g in got], [meta for _, meta, _ in got],
+                                  [g.token_ids for _, _, g in got])
+        for (row, meta, g), s in zip(got, scores):
+            seen += 1
+            if s.correct:
+                continue
+            wrong += 1  # every wrong answer counts, so that the accuracy below is the model's
+            if len(out) < count:
+                out.append((row, g.text, meta))
     return out, {"sampled": seen, "wrong": wrong, "first_turn_accuracy": 1 - wrong / max(seen, 1),
                  "next_problem": i}
 

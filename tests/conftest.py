@@ -109,12 +109,13 @@ def engine_logprobs(engine, prompt: list[int], target: list[int]) -> list[float]
 
 
 def critic_plugin(name: str, critique: str, imports: str = "") -> str:
-    """The text of a plugin file whose critic, registered as `name`, scores each request with
-    the task and critiques it with the Python expression `critique` (over `it`, the request)."""
-    return (f"{imports}\nimport rltf_ray\n\n\n@rltf_ray.register_critic({name!r})\nclass PluginCritic:\n"
+    """The text of a plugin file whose critic, registered as `name`, scores the requests with
+    the task (one batch: reward functions get their ids and step) and critiques each with the
+    Python expression `critique` (over `it`, the request)."""
+    return (f"{imports}\nimport rltf_ray\nfrom rltf_ray.critics import score_items\n\n\n"
+            f"@rltf_ray.register_critic({name!r})\nclass PluginCritic:\n"
             "    def __init__(self, task):\n        self.task = task\n\n    def judge(self, items):\n"
-            "        out = []\n        for it in items:\n"
-            "            s = self.task.score(it['response'], it['meta'])\n"
+            "        out = []\n        for it, s in zip(items, score_items(self.task, items)):\n"
             f"            out.append({{'reward': s.reward, 'correct': s.correct, 'critique': {critique}}})\n"
             "        return out\n")
 

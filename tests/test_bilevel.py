@@ -79,7 +79,7 @@ def test_a_revision_that_could_not_be_made_scores_as_the_attempt_it_revises():
     task = get_task(TaskConfig(name="arithmetic"))
     row = {"meta": {"answer": 7}, "reward_first": 0.25, "correct_first": False,
            "critic_revisions": ["<answer>7</answer>", None], "critic_reference_revisions": [None, "8"]}
-    got = critic_scores(task, row)
+    [got] = critic_scores(task, [row])
     assert got["critic_revision_rewards"][1] == 0.25 and got["critic_revision_correct"] == [True, None]
     assert got["critic_revision_rewards"][0] == task.score("<answer>7</answer>", {"answer": 7}).reward
     assert got["critic_reference_rewards"][0] == 0.25

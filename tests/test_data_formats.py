@@ -104,7 +104,8 @@ def test_trl_functions_get_every_column_in_trl_shapes_and_weights_sum(user_dir):
     assert s.reward == pytest.approx(1.0 + 2.0 * (0.5 - 15 / 100) + 4.0 * 0.25) and s.correct
     # brevity returns None on the 'other' row: left out of the sum, as in TRL
     s = task.score("It is 9", metas[1])
-    assert s.reward == pytest.approx(0.0 + 4.0 * 0.25) and s.correct  # 1.0 reaches correct_threshold
+    # the sum, 1.0, reaches correct_threshold, but correctness is the first function's alone: 0
+    assert s.reward == pytest.approx(0.0 + 4.0 * 0.25) and not s.correct
     my_rewards.SEEN.clear()
     s = task.score("2", metas[2])  # a plain prompt: strings, as TRL passes them
     assert my_rewards.SEEN[0]["prompts"] == ["What is 1 + 1?"] and my_rewards.SEEN[0]["completions"] == ["2"]
@@ -229,7 +230,10 @@ CRITIC = critic_plugin("hint_critic", "'The answer is ' + str(it['meta']['soluti
 def test_trl_rows_a_trl_reward_function_and_a_plugin_critic_train_from_outside_the_checkout(tmp_path):
     """A user's folder, not this checkout: chat-message prompts with a top-level `solution`,
     their reward function file and their critic plugin train one step through the console
-    script; every first-turn reward in the rollouts is what their function returns."""
+    script; every first-turn reward in the rollouts is what their functions return, the second
+    reading the engine's token ids and the step as TRL passes them. Every answer's sum reaches
+    correct_threshold through the second; the first alone decides which are correct, and the
+    wrong ones are critiqued."""
     import os
     import subprocess
     import sys
@@ -240,13 +244,15 @@ def test_trl_rows_a_trl_reward_function_and_a_plugin_critic_train_from_outside_t
     root = Path(__file__).resolve().parent.parent
     (tmp_path / "rewards.py").write_text(
         "def accuracy(prompts, completions, solution, **kwargs):\n"
-        "    return [float(s in c[0]['content']) + 0.01 * len(c[0]['content']) for c, s in zip(completions, solution)]\n")
+        "    return [float(s in c[0]['content']) for c, s in zip(completions, solution)]\n\n"
+        "def shape(completions, completion_ids, trainer_state, **kwargs):\n"
+        "    return [1.0 + len(ids) / 1000 + trainer_state.global_step for ids in completion_ids]\n")
     (tmp_path / "critic.py").write_text(CRITIC)
     rows = [{"prompt": [{"role": "user", "content": f"What is {i} + {i}?"}], "solution": str(2 * i)} for i in range(6)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     base = (root / "pipelines" / "configs" / "tiny.yaml").read_text()
     yaml_text = base.replace("task: {name: arithmetic, extraction: tag, params: {min_digits: 1, max_digits: 2}}",
-                             "task: {reward_funcs: ['rewards.py:accuracy'], correct_threshold: 1.0}\n"
+                             "task: {reward_funcs: ['rewards.py:accuracy', 'rewards.py:shape'], correct_threshold: 1.0}\n"
                              "plugins: [critic.py]")
     yaml_text = yaml_text.replace("eval: {prompts: 16}", "eval: {prompts: 4, path: train.jsonl}")
     yaml_text = yaml_text.replace("params: {prompts_per_step: 4}",
@@ -275,12 +281,14 @@ def test_trl_rows_a_trl_reward_function_and_a_plugin_critic_train_from_outside_t
         meta = json.loads(r["meta"])
         assert tok.decode(r["prompt_ids"]).startswith("<|im_start|>system\nReply with a number.<|im_end|>")
         want = rewards.accuracy([meta["_prompt"]], [[{"role": "assistant", "content": r["response"]}]], [meta["solution"]])[0]
-        assert r["reward_first"] == pytest.approx(want)
+        assert r["reward_first"] == pytest.approx(want + 1.0 + len(r["response_ids"]) / 1000)  # step 0
+        assert r["correct_first"] == (want == 1.0) and r["critique_asked"] == (want < 1.0)
         if r["revised"]:  # the plugin critic's critique, in x1 after the whole of x0
             assert r["critique"] == f"The answer is {meta['solution']}."
             assert tok.decode(r["revision_prompt_ids"]).startswith(tok.decode(r["prompt_ids"])[:40])
     metrics = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0]
+    assert metrics[0]["first_turn_accuracy"] == pytest.approx(sum(r["correct_first"] for r in table) / 16)
 
 
 def test_a_run_that_evaluates_nothing_needs_no_held_out_file(user_dir):

@@ -45,6 +45,13 @@ def test_comparison_table_is_mean_and_standard_error_over_seeds(tmp_path):
     assert "16 distinct held-out problems" in text and (tmp_path / "t.md").read_text() == text
 
 
+def answers(*texts):
+    """Answers as the engine returns them (the evaluator keeps their token ids for scoring)."""
+    from rltf_ray.stages.engine import GenOut
+
+    return [GenOut(t, [len(t)], [0.0], "stop") for t in texts]
+
+
 def _feedback_evaluator(fail: set, max_failed_fraction: float):
     """An Evaluator whose verifier, critic and reviser are plain functions: text "right" is
     correct; the critic fails for the rows in `fail`; the k-th revision of a row is "right"
@@ -53,14 +60,14 @@ def _feedback_evaluator(fail: set, max_failed_fraction: float):
 
     asked: list[list[int]] = []
     ev = Evaluator(engines=[], model_path="", task=None,
-                   score=lambda rows, texts: [(float(t == "right"), t == "right", True) for t in texts],
-                   critique=lambda rows, texts, which: asked.append(list(which)) or {
+                   score=lambda rows, got, version: [(float(a.text == "right"), a.text == "right", True) for a in got],
+                   critique=lambda rows, got, which, version: asked.append(list(which)) or {
                        i: (None, "TimeoutError: 60 s") if i in fail else (f"hint {i}", "") for i in which},
                    temperature=0.0, max_tokens=8, revision_template="{critique}",
                    max_failed_fraction=max_failed_fraction)
 
     def revise(rows, exchanges, which):
-        return {i: "right" if len(exchanges[i]) >= i - 1 else "wrong" for i in which}
+        return dict(zip(which, answers(*("right" if len(exchanges[i]) >= i - 1 else "wrong" for i in which))))
     ev._revise = revise
     return ev, asked
 
@@ -68,7 +75,7 @@ def _feedback_evaluator(fail: set, max_failed_fraction: float):
 def test_a_failed_critique_counts_as_not_fixed_over_the_same_problems_as_the_first_try():
     # rows: 0 right at once; 1 and 2 fixed by one critique; 3 fixed by two; 4's critique fails
     rows = [{"prompt": str(i), "meta": {}} for i in range(5)]
-    first = ["right", "wrong", "wrong", "wrong", "wrong"]
+    first = answers("right", "wrong", "wrong", "wrong", "wrong")
     ev, asked = _feedback_evaluator({4}, 0.3)
     out = ev._feedback(rows, first, 2)
     assert asked == [[1, 2, 3, 4], [3]]  # a failed problem is not asked again
@@ -83,8 +90,8 @@ def test_a_critic_that_fixes_nothing_with_one_failure_scores_the_first_try():
     problem out would give 5/9 = 0.556)."""
     rows = [{"prompt": str(i), "meta": {}} for i in range(10)]
     ev, asked = _feedback_evaluator({9}, 0.3)
-    ev._revise = lambda rows, exchanges, which: {i: "wrong" for i in which}
-    out = ev._feedback(rows, ["right"] * 5 + ["wrong"] * 5, 1)
+    ev._revise = lambda rows, exchanges, which: dict(zip(which, answers(*["wrong"] * len(which))))
+    out = ev._feedback(rows, answers(*["right"] * 5 + ["wrong"] * 5), 1)
     assert asked == [[5, 6, 7, 8, 9]]
     assert out["feedback_accuracy_1"] == 0.5 and out["feedback_problems_1"] == 10
     assert out["feedback_critique_failed"] == 1
@@ -93,7 +100,7 @@ def test_a_critic_that_fixes_nothing_with_one_failure_scores_the_first_try():
 def test_feedback_accuracy_is_not_reported_when_too_many_critiques_failed():
     rows = [{"prompt": str(i), "meta": {}} for i in range(5)]
     ev, _ = _feedback_evaluator({3, 4}, 0.2)  # 2 of the 4 requests fail: 0.5 > 0.2
-    out = ev._feedback(rows, ["right"] + ["wrong"] * 4, 2)
+    out = ev._feedback(rows, answers("right", *["wrong"] * 4), 2)
     assert not any(k.startswith("feedback_accuracy_") for k in out)
     assert out["feedback_critique_failed"] == 2
     assert out["feedback_unmeasured"] == ("2 of 4 critique requests failed (more than max_failed_fraction=0.2); "

@@ -13,8 +13,8 @@ def reward_rows(rows):
              "critic_reference_rewards": None} for r in rows]
 
 
-BATCH = pa.Table.from_pylist([{"revision": "<answer>7</answer>", "revised": True, "meta": "{}",
-                               "reward_first": 0.0}] * 3)
+BATCH = pa.Table.from_pylist([{"step": 0, "revision": "<answer>7</answer>", "revision_ids": [1, 2], "revised": True,
+                               "meta": "{}", "reward_first": 0.0}] * 3)
 
 
 def test_a_stage_passes_its_rows_and_leaves_nothing_in_flight():

@@ -7,8 +7,9 @@ replica as `Cls(task, **critic_params)` -- `task` the built `rltf_ray.tasks.Task
 
     def judge(self, items: list[dict]) -> list[dict]        # or `async def judge(...)`
 
-Each item is {"prompt": str, "response": str, "meta": dict} (plus "verdict", the verifier's
-verdict, where the stage knows it). Each result is {"reward": float, "correct": bool,
+Each item is {"prompt": str, "response": str, "meta": dict}, plus, where the caller knows them,
+"verdict" (the verifier's verdict), "response_ids" (the answer's token ids as the engine
+generated them) and "global_step" (the RL step, or the policy version in an evaluation). Each result is {"reward": float, "correct": bool,
 "critique": str}, optionally "format_ok" (bool, default True); other keys reach the caller
 as they are. A result may instead be an Exception: that item alone fails. A synchronous
 judge runs in a worker thread, one call at a time; an async one on the replica's event loop.
@@ -162,6 +163,12 @@ def critic_item(item) -> dict:
             raise ValueError(f"{REQUEST_SHAPE}; meta is a string that is not JSON") from None
     if not isinstance(meta, dict):
         raise ValueError(REQUEST_SHAPE)
+    ids = item.get("response_ids", [])
+    if not isinstance(ids, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
+        raise ValueError("critic request: 'response_ids', when given, must be a list of token ids (ints)")
+    step = item.get("global_step", 0)
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise ValueError(f"critic request: 'global_step', when given, must be an int, got {step!r}")
     return {**item, "prompt": item.get("prompt", ""), "meta": meta}
 
 

@@ -20,7 +20,7 @@ from rltf_ray.critics.deployment import (  # noqa: F401  (re-exported: runner, s
 from rltf_ray.critics.learned import OVERFLOW, empty_critic_columns
 from rltf_ray.graph import (FIRST_TURN_SCORE, SECOND_TURN_SCORE, CritiqueParams, RewardParams,
                             round_col)
-from rltf_ray.rounds import attempt, attempt_text
+from rltf_ray.rounds import attempt, attempt_ids, attempt_text
 from rltf_ray.tasks import get_task
 
 
@@ -58,12 +58,19 @@ def request_critiques(handle, items: list[dict], p: CritiqueParams) -> tuple[lis
 
 
 def ask_critic(p: CritiqueParams, rows: list[dict], texts: list[str], which: list[int],
-               samples: int | None = None):
+               samples: int | None = None, ids: list | None = None, step: int | None = None):
     """{row index: (result or None, error)} for the rows in `which`. `samples`: how many
-    critiques a sampling critic (the learned one) writes per row; unset, its configured K."""
+    critiques a sampling critic (the learned one) writes per row; unset, its configured K.
+    `ids` (the answers' token ids) and `step` go with the requests where known: the task's
+    reward functions get them as completion_ids and trainer_state.global_step."""
     if not which:
         return {}
     items = [{"prompt": rows[i]["prompt"], "response": texts[i], "meta": rows[i]["meta"]} for i in which]
+    for item, i in zip(items, which):
+        if ids is not None:
+            item["response_ids"] = list(ids[i])
+        if step is not None:
+            item["global_step"] = step
     if samples is not None:
         for item in items:
             item["samples"] = samples
@@ -74,20 +81,33 @@ def ask_critic(p: CritiqueParams, rows: list[dict], texts: list[str], which: lis
     return {i: (res, err) for i, res, err in zip(which, results, errors)}
 
 
-def score_texts(task, p: CritiqueParams, rows: list[dict], texts: list[str], which: list[int]) -> dict:
+def known(ids: list) -> list | None:
+    """`ids` when every answer has its token ids, else None: the batch is scored without them."""
+    return None if any(x is None for x in ids) else ids
+
+
+def score_texts(task, p: CritiqueParams, rows: list[dict], texts: list[str], which: list[int],
+                ids: list | None = None, step: int | None = None) -> dict:
     """{row index: ((reward, correct, format_ok), critic result or None, error)} for `which`:
-    the task verifier's score, or -- for a task without one -- the critic's verdict, with a
-    NaN reward where the critic failed after its retries."""
+    the task verifier's score (one `score_batch` for them all), or -- for a task without one --
+    the critic's verdict, with a NaN reward where the critic failed after its retries. `ids`:
+    every text's token ids; `step`: the RL step (the policy version in an evaluation)."""
     if task.has_verifier:
-        out = {}
-        for i in which:
-            s = task.score(texts[i], _meta(rows[i]["meta"]))
-            out[i] = ((s.reward, s.correct, s.format_ok), None, "")
-        return out
+        got = task.score_batch([texts[i] for i in which], [_meta(rows[i]["meta"]) for i in which],
+                               None if ids is None else [ids[i] for i in which], step)
+        return {i: ((s.reward, s.correct, s.format_ok), None, "") for i, s in zip(which, got)}
     return {i: ((math.nan, False, False) if res is None
                 else (float(res["reward"]), bool(res["correct"]), bool(res.get("format_ok", True))),
                 res, err)
-            for i, (res, err) in ask_critic(p, rows, texts, which).items()}
+            for i, (res, err) in ask_critic(p, rows, texts, which, ids=ids, step=step).items()}
+
+
+def batch_step(rows: list[dict]) -> int | None:
+    """The RL step of a batch's rows (one step's rollout); None for rows built without one."""
+    steps = {r.get("step") for r in rows}
+    if len(steps) > 1:
+        raise ValueError(f"a batch of rows from several steps {sorted(steps)}; a stage sees one step's rows")
+    return steps.pop() if steps else None
 
 
 class CriticFailure(RuntimeError):
@@ -129,9 +149,10 @@ def make_critique(task_cfg: TaskConfig, p: CritiqueParams, turns: int = 2, criti
     def critique(rows: list[dict]) -> list[dict]:
         task = get_task(task_cfg)
         texts = [attempt_text(r, k) for r in rows]
+        ids, step = known([attempt_ids(r, k) for r in rows]), batch_step(rows)
         by_row: dict = {}
         if k == 1:
-            scored = score_texts(task, p, rows, texts, list(range(len(rows))))
+            scored = score_texts(task, p, rows, texts, list(range(len(rows))), ids, step)
             rows = [{**r, **dict(zip(FIRST_TURN_SCORE, scored[i][0]))} for i, r in enumerate(rows)]
             if not task.has_verifier:  # the critic already judged every attempt
                 by_row = {i: (res, err) for i, (_, res, err) in scored.items()}
@@ -139,7 +160,7 @@ def make_critique(task_cfg: TaskConfig, p: CritiqueParams, turns: int = 2, criti
         want = [] if turns == 1 else [i for i, a in enumerate(tries)
                                       if a.live and not (p.early_termination and a.correct)]
         ask = [i for i, a in enumerate(tries) if a.live] if learned and critique_correct else want
-        by_row = by_row or ask_critic(p, rows, texts, ask)
+        by_row = by_row or ask_critic(p, rows, texts, ask, ids=ids, step=step)
         out = []
         for i, (r, a) in enumerate(zip(rows, tries)):
             res, err = by_row.get(i, (None, ""))
@@ -171,7 +192,10 @@ def make_reward(task_cfg: TaskConfig, p: RewardParams, critic: CritiqueParams):
         task = get_task(task_cfg)
         todo = [i for i, r in enumerate(rows) if r[round_col("revised", k)]]
         texts = [r[round_col("revision", k)] for r in rows]
-        scored = score_texts(task, critic, rows, texts, todo)
+        step = batch_step(rows)
+        scored = score_texts(task, critic, rows, texts, todo, known([r.get(round_col("revision_ids", k)) for r in rows]),
+                             step)
+        learned = critic_scores(task, rows, step) if k == 1 else []  # the learned critic's revisions
         out = []
         for i, r in enumerate(rows):
             if i in scored:
@@ -182,31 +206,41 @@ def make_reward(task_cfg: TaskConfig, p: RewardParams, critic: CritiqueParams):
             out.append({**r, **{round_col(c, k): v for c, v in zip(SECOND_TURN_SCORE, score)},
                         round_col("reward_asked", k): i in scored and not task.has_verifier,
                         round_col("reward_failed", k): failed})
-            if k == 1:  # the learned critic's revisions (a learned critic needs a verifier)
-                out[-1].update(critic_scores(task, r))
+            if k == 1:
+                out[-1].update(learned[i])
         return out
 
     return reward
 
 
-def critic_scores(task, row: dict) -> dict:
-    """Rewards (and, for the current actor, correctness) of the learned critic's revisions. A
-    revision that could not be made (None: its x1 did not fit) scores as the attempt it
+def critic_scores(task, rows: list[dict], step: int | None = None) -> list[dict]:
+    """Per row, the rewards (and, for the current actor, correctness) of the learned critic's
+    revisions, the batch's all scored in one `score_batch` (a learned critic needs a verifier).
+    A revision that could not be made (None: its x1 did not fit) scores as the attempt it
     revises, as an overflowed episode of the actor does; its correctness is None (no fix was
     tried, so the fix rate leaves it out)."""
-    meta = _meta(row["meta"])
-    carried = (float(row["reward_first"]), None)
+    cols = ("critic_revisions", "critic_reference_revisions")
+    made = [(i, col, j) for i, r in enumerate(rows) for col in cols
+            for j, t in enumerate(r.get(col) or []) if t is not None]
 
-    def score(text: str | None) -> tuple[float, bool | None]:
-        if text is None:
-            return carried
-        s = task.score(text, meta)
-        return s.reward, bool(s.correct)
+    def ids_of(i: int, col: str, j: int):
+        got = rows[i].get(col.replace("revisions", "revision_ids"))  # the engine's ids, beside the texts
+        return got[j] if got else None
 
-    def scores(texts) -> list[tuple[float, bool]]:
-        return [score(t) for t in texts or []]
+    metas = {i: _meta(rows[i]["meta"]) for i, _, _ in made}
+    got = task.score_batch([rows[i][col][j] for i, col, j in made], [metas[i] for i, _, _ in made],
+                           known([ids_of(*m) for m in made]), step)
+    scores = dict(zip(made, got))
 
-    current = scores(row.get("critic_revisions"))
-    return {"critic_revision_rewards": [r for r, _ in current],
-            "critic_revision_correct": [c for _, c in current],
-            "critic_reference_rewards": [r for r, _ in scores(row.get("critic_reference_revisions"))]}
+    def scored(i: int, col: str) -> list[tuple[float, bool | None]]:
+        carried = (float(rows[i]["reward_first"]), None)
+        return [(scores[i, col, j].reward, bool(scores[i, col, j].correct)) if t is not None else carried
+                for j, t in enumerate(rows[i].get(col) or [])]
+
+    out = []
+    for i in range(len(rows)):
+        current, reference = scored(i, cols[0]), scored(i, cols[1])
+        out.append({"critic_revision_rewards": [r for r, _ in current],
+                    "critic_revision_correct": [c for _, c in current],
+                    "critic_reference_rewards": [r for r, _ in reference]})
+    return out

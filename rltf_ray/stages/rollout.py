@@ -106,15 +106,19 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
                         col("revision_cached_tokens"): cached.get(i, 0),
                         "gen_tokens": r["gen_tokens"] + (len(g.token_ids) if g else 0) + extra_tokens.get(i, 0),
                         "gen_seconds": r["gen_seconds"] + (res["seconds"] + extra_s) / max(len(rows), 1)})
-            if k == 1:
-                out[-1].update(critic_revisions=current.get(i, []), critic_reference_revisions=reference.get(i, []))
+            if k == 1:  # the texts, and their ids: reward functions get them as completion_ids
+                for name, got in (("critic_revisions", current), ("critic_reference_revisions", reference)):
+                    outs = got.get(i, [])
+                    out[-1][name] = [None if g is None else g.text for g in outs]
+                    out[-1][name.replace("revisions", "revision_ids")] = [None if g is None else g.token_ids
+                                                                          for g in outs]
         return out
 
     def for_critic(rows: list[dict], done: dict, tok) -> tuple[dict, dict, dict, float]:
         """K x M revisions (critique-major) of each critiqued row by the current actor, and
         (bilevel) by the reference actor; {row: generated tokens}; seconds. A critique whose
         x1 does not fit gets None revisions (counted as the critic's context overflow)
-        instead of failing the step."""
+        instead of failing the step. The revisions are the engine's outputs (text and ids)."""
         m = critic_revisions
         crit = {i: r["critic_critiques"] for i, r in enumerate(rows) if r.get("critic_critiques")}
         current = {i: [[] for _ in cs] for i, cs in crit.items()}
@@ -122,7 +126,7 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
         x1 = {}
         for i, cs in crit.items():
             if i in done:  # the actor's own revision, from critique 0
-                current[i][0].append(done[i][1].text)
+                current[i][0].append(done[i][1])
             for kk, c in enumerate(cs):
                 x1[i, kk] = encode(tok, revision_messages(rows[i], [(rows[i]["response"], c)], p.template))
         jobs: dict[tuple[bool, int], list] = {}  # (reference?, samples still needed) -> critiques
@@ -143,11 +147,11 @@ def make_revise(engines: list, model_path: str, p: ReviseParams, node: str, max_
                         top_p=p.top_p, max_tokens=p.max_tokens, **({"reference": True} if ref else {}))
             seconds += res["seconds"]
             for (i, kk), group in zip(keys, res["outputs"]):
-                (reference if ref else current)[i][kk] += [g.text for g in group]
+                (reference if ref else current)[i][kk] += group
                 tokens[i] = tokens.get(i, 0) + sum(len(g.token_ids) for g in group)
 
-        def flat(texts: dict) -> dict:
-            return {i: [t for per in v for t in per] for i, v in texts.items()}
+        def flat(outs: dict) -> dict:
+            return {i: [g for per in v for g in per] for i, v in outs.items()}
 
         return flat(current), flat(reference), tokens, seconds
 

@@ -159,6 +159,23 @@ class Task(ABC):
         w = self.cfg.format_weight
         return Score(float(correct) + w * (float(format_ok) - 1.0), correct, format_ok)
 
+    def score_batch(self, texts: list[str], metas: list[dict], ids: list | None = None,
+                    step: int | None = None) -> list[Score]:
+        """The scores of several answers: `ids` their token ids as the engine generated them,
+        `step` the RL step (the policy version in a held-out evaluation); None where the caller
+        does not know them. By default `score` of each; reward functions (tasks/rewards.py)
+        take the whole batch in one call, as TRL calls them."""
+        return [self.score(t, m) for t, m in zip(texts, metas)]
+
+    def critique_scored(self, text: str, meta: dict, score: Score) -> str:
+        """The critique of an answer already scored (`score`, from `score_batch`): by default
+        `critique`; a task whose critique is its verdict alone need not score it again."""
+        return self.critique(text, meta)
+
+    def check_columns(self, columns: set[str], key: str) -> None:
+        """A ConfigError when the prompt file `key` names, whose rows' meta have `columns`,
+        lacks a column the task needs; called once the whole file is read."""
+
     # Keys every problem's meta must hold (validated for prompt files before a run starts).
     meta_keys: tuple[str, ...] = ("answer",)
 
