@@ -12,14 +12,15 @@ one of two styles:
   one entry per answer in every list and every other column a keyword holding a list. For a
   plain prompt a prompt and a completion are strings; for a chat prompt the prompt is its
   message list and the completion `[{"role": "assistant", "content": text}]`.
-  `completion_ids` are the token ids the engine generated (EOS included, as TRL's);
+  `completion_ids` are the token ids the engine generated, as vLLM returns them (the learned
+  critic's revisions, and requests to the critic, carry theirs too);
   `trainer_state.global_step` is the RL step (0-based), or the policy version in a held-out
   evaluation. It returns a list with one float or None per answer; None leaves the function
   out of that answer's sum, as in TRL. A function without `**kwargs` gets only the
   parameters it names; a required parameter that no column of the prompt file supplies is a
-  ConfigError when the file is read. `task.score(text, meta)` (one answer, no ids, no step:
-  a plugin critic's call) passes neither `completion_ids` nor `trainer_state`, and a function
-  that requires one of them says so.
+  ConfigError when the file is read. `task.score(text, meta)` (one answer, no ids, no step)
+  passes neither `completion_ids` nor `trainer_state`, and a function that requires one of
+  them says so; a critic plugin scores its requests with `rltf_ray.critics.score_items`.
 * **verl**: a function whose parameters include `solution_str` and `ground_truth` (verl's
   `compute_score`), called once per answer as verl's reward manager calls it:
   `f(data_source=..., solution_str=text, ground_truth=..., extra_info=...)`. The ground truth
@@ -31,8 +32,8 @@ one of two styles:
 (`task.reward_weights`, 1 each by default) of the functions that returned a number; an
 answer on which every function returned None scores 0, with a warning. An answer is correct
 when the value of one function, `task.correct_from` (by default the first listed), reaches
-`task.correct_threshold` (1.0 by default): a wrong answer in the right format is not correct
-because a format reward adds to its sum. A function that raises, returns the wrong number of
+`task.correct_threshold` (1.0 by default); not the sum, through which a format reward would
+make a wrong answer in the right format correct. A function that raises, returns the wrong number of
 values or a non-number is an error naming the function and the row. Critiques come from the
 configured critic; the task's own is the verdict alone.
 """
