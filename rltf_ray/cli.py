@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from rltf_ray.errors import DEAD_CRITIC_EXIT, STOPPED_FILE, ConfigError, DeadCriticError
+from rltf_ray.errors import DEAD_CRITIC_EXIT, STOPPED_FILE, ConfigError, DeadCriticError, cause_line
 
 
 def _common(ap: argparse.ArgumentParser) -> None:
@@ -71,6 +71,12 @@ def run_main(argv=None) -> int:
         Path(cfg.run.output_dir, STOPPED_FILE).write_text(json.dumps({"stopped_by": "dead_critic", "error": str(e)}))
         print(f"stopped: {e}", file=sys.stderr)
         return DEAD_CRITIC_EXIT
+    except Exception as e:  # noqa: BLE001 - the traceback first, then the line that names the cause
+        import traceback
+
+        traceback.print_exc()
+        print(f"\nrun failed: {cause_line(e)}", file=sys.stderr)
+        return 1
     b, a = summary.get("before"), summary.get("after")
     if b and a:
         from rltf_ray.metrics import eval_line

@@ -141,3 +141,18 @@ def tiny_tied_path(tiny_path, tmp_path_factory) -> str:
         if (Path(tiny_path) / f).exists():
             shutil.copy(Path(tiny_path) / f, out / f)
     return str(out)
+
+
+def undocumented_keys(record: dict, section: str) -> list[str]:
+    """The keys of a run's `record` (a metrics.jsonl line, summary.json, a runs.jsonl record)
+    that docs/metrics.md has no line for under its heading that starts with `section`
+    or under any of several that start with it (`<k>` in a documented key matches a number)."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
+    parts = re.split(r"^## ", text, flags=re.M)
+    bodies = [p for p in parts if p.startswith(section)]
+    assert bodies, f"docs/metrics.md has no section '{section}'"
+    keys = [k for b in bodies for k in re.findall(r"^\| `([^`]+)` \|", b, flags=re.M)]
+    pats = [re.compile(re.escape(k).replace(re.escape("<k>"), r"\d+") + "$") for k in keys]
+    return sorted(k for k in record if not any(p.match(k) for p in pats))

@@ -11,7 +11,7 @@ import torch
 from rltf_ray.config import BinacConfig, Config, ConfigError, LossConfig
 from rltf_ray.loading import load_config
 from rltf_ray.critic_examples import build_critic_examples, critic_rewards
-from conftest import engine_logprobs  # noqa: E402
+from conftest import engine_logprobs, undocumented_keys  # noqa: E402
 
 
 @pytest.mark.parametrize("reward,bonus,expected", [
@@ -181,6 +181,8 @@ def test_binac_runs_two_steps_with_the_bilevel_term_and_a_critic_of_another_voca
     assert [m["critic_version"] for m in lines] == [0, 1]  # the critic at step 1
     assert [m["actor_trained"] for m in lines] == [True, False] and "loss_critic" in lines[1]
     assert summary["critic_engine_versions"] == [1]
+    assert [undocumented_keys(m, "metrics.jsonl") for m in lines] == [[], []]  # docs/metrics.md
+    assert undocumented_keys(summary, "summary.json") == []
     # step 2 trained only the critic: its mismatch, read by the warning (at steps 1, 3, ...)
     assert lines[1]["critic_sampler_kl_k3"] > 1e-15 and "sampler_kl_k3" not in lines[1]
     assert "the critic's sampler and trainer disagree: critic_sampler_kl_k3" in capfd.readouterr().out

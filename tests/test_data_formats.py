@@ -246,13 +246,18 @@ def test_trl_rows_a_trl_reward_function_and_a_plugin_critic_train_from_outside_t
         "def accuracy(prompts, completions, solution, **kwargs):\n"
         "    return [float(s in c[0]['content']) for c, s in zip(completions, solution)]\n\n"
         "def shape(completions, completion_ids, trainer_state, **kwargs):\n"
-        "    return [1.0 + len(ids) / 1000 + trainer_state.global_step for ids in completion_ids]\n")
+        "    return [1.0 + len(ids) / 1000 + trainer_state.global_step for ids in completion_ids]\n\n"
+        "def sometimes(completions, **kwargs):  # None: no opinion on that answer, as in TRL\n"
+        f"    with open({str(tmp_path / 'calls.txt')!r}, 'a') as f:\n"
+        "        f.write(f'{len(completions)}\\n')\n"
+        "    return [None if i % 2 else 0.0 for i in range(len(completions))]\n")
     (tmp_path / "critic.py").write_text(CRITIC)
     rows = [{"prompt": [{"role": "user", "content": f"What is {i} + {i}?"}], "solution": str(2 * i)} for i in range(6)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     base = (root / "pipelines" / "configs" / "tiny.yaml").read_text()
     yaml_text = base.replace("task: {name: arithmetic, extraction: tag, params: {min_digits: 1, max_digits: 2}}",
-                             "task: {reward_funcs: ['rewards.py:accuracy', 'rewards.py:shape'], correct_threshold: 1.0}\n"
+                             "task: {reward_funcs: ['rewards.py:accuracy', 'rewards.py:shape', 'rewards.py:sometimes'], "
+                             "correct_threshold: 1.0}\n"
                              "plugins: [critic.py]")
     yaml_text = yaml_text.replace("eval: {prompts: 16}", "eval: {prompts: 4, path: train.jsonl}")
     yaml_text = yaml_text.replace("params: {prompts_per_step: 4}",
@@ -288,6 +293,9 @@ def test_trl_rows_a_trl_reward_function_and_a_plugin_critic_train_from_outside_t
             assert tok.decode(r["revision_prompt_ids"]).startswith(tok.decode(r["prompt_ids"])[:40])
     metrics = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0]
+    # one call per batch, as TRL calls them: every answer scored once, in calls of several
+    calls = [int(x) for x in (tmp_path / "calls.txt").read_text().split()]
+    assert sum(calls) == len(table) + sum(r["revised"] for r in table) and len(calls) < sum(calls) / 2
     assert metrics[0]["first_turn_accuracy"] == pytest.approx(sum(r["correct_first"] for r in table) / 16)
 
 
@@ -305,3 +313,29 @@ def test_a_run_that_evaluates_nothing_needs_no_held_out_file(user_dir):
         p.evaluate()
     with pytest.raises(ConfigError, match="has no problem generator"):
         Pipeline(load_config("pipelines/configs/tiny.yaml", [ref, prompts, *small]))
+
+
+@pytest.mark.integration
+def test_a_run_whose_reward_function_raises_ends_with_the_line_that_names_it(tmp_path):
+    """The cause (function, row, exception) is the failed run's last line, not Ray Data's
+    advice on retries with the cause in a traceback above it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "rewards.py").write_text("def broken(completions, solution, **kwargs):\n"
+                                         "    return [1.0 / (len(s) - len(s)) for s in solution]\n")
+    rows = [{"prompt": f"What is {i} + {i}?", "solution": str(2 * i)} for i in range(4)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "rltf-ray"), "run", "--config", str(root / "pipelines/configs/tiny.yaml"),
+         "task.name=reward_funcs", "task.params={}", "task.reward_funcs=[rewards.py:broken]",
+         "pipeline.prompts.path=train.jsonl", "run.steps=1", "run.eval_before_after=false",
+         "run.serve_http_port=8173", f"run.output_dir={tmp_path / 'out'}"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("run failed: RewardFunctionError: reward function rewards.py:broken on "), last
+    assert "raised ZeroDivisionError: float division by zero" in last and "What is" in last

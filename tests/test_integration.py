@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from rltf_ray.loading import load_config
 from rltf_ray.graph import KINDS
 from rltf_ray.runner import Pipeline
-from conftest import engine_logprobs  # noqa: E402
+from conftest import engine_logprobs, undocumented_keys  # noqa: E402
 
 pytestmark = pytest.mark.integration
 PORT = 8123
@@ -194,6 +194,11 @@ def test_losses_finite_and_metrics_keys(run):
     assert prov["commit"] is None or len(prov["commit"].split("-")[0]) == 40
     # run.checkpoint_every=1: each step writes one, and its seconds are part of the step's
     assert all(0 < m["seconds_checkpoint"] < m["seconds_step"] for m in lines)
+    # docs/metrics.md has a line for every key the run wrote
+    assert [undocumented_keys(m, "metrics.jsonl") for m in lines] == [[], []]
+    evals = [m["eval"] for m in lines] + [run["summary"][k] for k in ("before", "after")]
+    assert [undocumented_keys(e, "Held-out evaluation") for e in evals] == [[]] * 4
+    assert undocumented_keys(run["summary"], "summary.json") == []
 
 
 def test_eval_every_step_and_the_last_one_is_the_after_eval(run):

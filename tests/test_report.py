@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from conftest import undocumented_keys
 from rltf_ray.report import finished_runs, paired, write_report
 
 
@@ -39,6 +40,7 @@ def test_paired_differences_by_seed(tmp_path):
     assert "| rltf_fm | grpo_single | 1 | +0.050 | - | - | s1: +0.050 | no |" in text  # one seed: no SE, no t
     assert math.isnan(fm["se"]) and math.isnan(fm["t"])
     lines = (tmp_path / "runs.jsonl").read_text().splitlines()
+    assert [undocumented_keys(json.loads(x), "runs.jsonl") for x in lines] == [[]] * 7  # docs/metrics.md
     assert len(lines) == 7 and (tmp_path / "curves.png").stat().st_size > 0
 
 

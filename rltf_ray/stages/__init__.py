@@ -6,11 +6,12 @@ from typing import Callable
 
 import pyarrow as pa
 
+from rltf_ray.errors import StageFailure
 from rltf_ray.graph import columns
 
 
-class StageError(RuntimeError):
-    pass
+class StageError(StageFailure):
+    """A stage got or wrote rows it should not have (columns, lengths, a dead engine)."""
 
 
 class _RowMetrics:

@@ -14,6 +14,7 @@ import time
 from ray import serve
 
 from rltf_ray.config import TaskConfig
+from rltf_ray.errors import StageFailure
 from rltf_ray.critics.base import CriticItemError  # noqa: F401  (re-exported)
 from rltf_ray.critics.deployment import (  # noqa: F401  (re-exported: runner, serve/critic_app.py)
     MAX_REQUEST_BYTES, build_critic_app)
@@ -110,8 +111,8 @@ def batch_step(rows: list[dict]) -> int | None:
     return steps.pop() if steps else None
 
 
-class CriticFailure(RuntimeError):
-    pass
+class CriticFailure(StageFailure):
+    """More of a step's critique requests failed than critique.max_failed_fraction allows."""
 
 
 def check_critique_failures(rows: list[dict], p: CritiqueParams, rounds: int, step: int) -> None:

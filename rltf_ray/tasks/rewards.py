@@ -49,7 +49,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Callable
 
-from rltf_ray.errors import ConfigError
+from rltf_ray.errors import ConfigError, StageFailure
 from rltf_ray.tasks.base import Score, Task, register_task
 
 VERL_PARAMS = frozenset({"solution_str", "ground_truth"})
@@ -59,7 +59,7 @@ CONVENTION = {"trl": frozenset({"prompts", "completions", "completion_ids", "tra
 logger = logging.getLogger(__name__)
 
 
-class RewardFunctionError(RuntimeError):
+class RewardFunctionError(StageFailure):
     """A reward function raised, or returned something that is not a reward, on a row."""
 
 

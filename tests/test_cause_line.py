@@ -1,0 +1,51 @@
+"""A failed run ends with one line that names the cause, however Ray wrapped it."""
+import ray.exceptions
+
+from rltf_ray.errors import cause_line
+from rltf_ray.stages import StageError
+from rltf_ray.tasks.rewards import RewardFunctionError
+
+
+def raised(make):
+    try:
+        make()
+    except Exception as e:  # noqa: BLE001
+        return e
+
+
+def test_the_reward_functions_error_is_named_through_rays_wrappers():
+    def inner():
+        try:
+            raise ZeroDivisionError("division by zero")
+        except ZeroDivisionError as z:
+            raise RewardFunctionError("reward function my_rewards.acc on row 'p7' raised "
+                                      "ZeroDivisionError: division by zero") from z
+
+    original = raised(inner)
+    # what Ray raises on the driver: RayTaskError(RewardFunctionError), a copy of the cause
+    wrapped = ray.exceptions.RayTaskError("MapBatches(score)", "Traceback ...", original).as_instanceof_cause()
+
+    def data_layer():  # Ray Data's own wrapper, with its advice on retries, raised from it
+        raise RuntimeError("Failed to execute; consider max_errored_blocks") from wrapped
+
+    assert cause_line(raised(data_layer)) == ("RewardFunctionError: reward function my_rewards.acc on row "
+                                              "'p7' raised ZeroDivisionError: division by zero")
+
+
+def test_a_stage_wrapping_a_function_names_the_function_and_plain_errors_the_innermost():
+    def both():
+        try:
+            raise RewardFunctionError("reward function f on row 'a' returned 'x'")
+        except RewardFunctionError as e:
+            raise StageError("node 'score': failed") from e
+
+    assert cause_line(raised(both)) == "RewardFunctionError: reward function f on row 'a' returned 'x'"
+
+    def plain():
+        try:
+            {}["k"]
+        except KeyError as e:
+            raise RuntimeError("outer\nwith a second line") from e
+
+    assert cause_line(raised(plain)) == "KeyError: 'k'"
+    assert cause_line(ValueError("")) == "ValueError: (no message)"
