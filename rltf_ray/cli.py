@@ -4,6 +4,11 @@
     rltf-ray --list-presets
     rltf-ray eval --config ... [--model CHECKPOINT] [--feedback-rounds 1] ...
     rltf-ray check --config ... [--problems 64]   # p0 and p1: can this model use these critiques?
+    rltf-ray warmstart --config ... --out DIR      # a short supervised warm start before RL
+    rltf-ray compare --config ... --presets a,b --seeds 3 --name NAME   # presets at equal samples
+    rltf-ray report results/NAME                    # a comparison's tables, from its run folders
+    rltf-ray plot OUTPUT_DIR                        # a run's learning curves
+    rltf-ray example [NAME DIR]                     # copy a worked example out of the package
 
 Runs on a Ray started in-process unless RAY_ADDRESS names a cluster (as under `ray job submit`).
 """
@@ -154,6 +159,16 @@ def main(argv=None) -> int:
         from rltf_ray.check import check_main
 
         return check_main(argv[1:])
+    commands = {"warmstart": ("rltf_ray.commands.warmstart", "main"),
+                "compare": ("rltf_ray.commands.compare", "main"),
+                "report": ("rltf_ray.commands.report", "report_main"),
+                "plot": ("rltf_ray.commands.report", "plot_main"),
+                "example": ("rltf_ray.commands.example", "example_main")}
+    if argv and argv[0] in commands:
+        import importlib
+
+        module, func = commands[argv[0]]
+        return getattr(importlib.import_module(module), func)(argv[1:])
     if argv and argv[0] == "run":
         argv = argv[1:]
     return run_main(argv)

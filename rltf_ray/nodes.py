@@ -105,6 +105,10 @@ class CritiqueParams:
     # llm_judge and openai: their prompt templates, a mapping or the path of a YAML/JSON file
     # of one (keys and placeholders: rltf_ray.critics.judge_prompts); unset keys keep the defaults.
     judge_prompts: dict | str | None = None
+    # llm_judge and openai: the column that holds the reference answer the judge grades against,
+    # a dotted path for nested ones ("reward_model.ground_truth"); unset, the first the row has
+    # of answer, solution (TRL), reward_model.ground_truth (verl), ground_truth.
+    reference_key: str | None = None
     # Custom Ray resources each critic replica (and a learned critic's engine) requires, so
     # that a cluster can dedicate nodes to the critic, e.g. {critic_node: 1}.
     resources: dict = field(default_factory=dict)
@@ -126,6 +130,10 @@ class CritiqueParams:
                 raise ConfigError(f"judge_prompts: only the llm_judge and openai critics use them "
                                   f"(critic is {self.critic!r})")
             resolve_judge_prompts(self.judge_prompts)  # a missing file or a bad template fails here
+        if self.reference_key is not None and (self.critic not in ("llm_judge", "openai")
+                                               or not str(self.reference_key).strip()):
+            raise ConfigError(f"reference_key: a non-empty column name, for the llm_judge and openai critics "
+                              f"only (critic is {self.critic!r}, reference_key {self.reference_key!r})")
         if self.critic == "openai" and not (self.base_url and self.model):
             raise ConfigError("critic 'openai' needs base_url and model")
         if self.retries < 0 or self.timeout_s <= 0:

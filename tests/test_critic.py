@@ -107,7 +107,7 @@ def test_math_task_through_the_serve_critic(serve_up):
     out = make_critique(task, p)(rows)
     assert [r["critique_failed"] for r in out] == [False] * 4
     assert [r["correct_first"] for r in out] == [True, True, False, False]
-    assert out[2]["critique"] == "Your answer is incorrect." and "could not be read" in out[3]["critique"]
+    assert out[2]["critique"] == "Your answer 3 is incorrect." and "could not be read" in out[3]["critique"]
 
 
 def test_one_bad_item_fails_alone_and_http_rejects_bad_bodies(serve_up):

@@ -185,7 +185,7 @@ def test_a_run_the_dead_critic_guard_stops_is_recorded_and_a_comparison_goes_on(
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "pipelines"))
     import compare
 
-    def fake_run(cmd, stdout, stderr, cwd, rc=DEAD_CRITIC_EXIT, stopped=True):
+    def fake_run(cmd, stdout, stderr, rc=DEAD_CRITIC_EXIT, stopped=True, **kwargs):
         out_dir = Path(next(a for a in cmd if a.startswith("run.output_dir=")).partition("=")[2])
         out_dir.mkdir(parents=True, exist_ok=True)
         if stopped:

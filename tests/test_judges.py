@@ -322,3 +322,31 @@ def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path, judge_ray)
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+def test_the_judge_grades_against_trl_and_verl_reference_columns():
+    """A TRL `solution`, verl's `reward_model.ground_truth` or a named column reaches the
+    judge's grader prompt without any column mapping."""
+    from rltf_ray.critics.judge_prompts import reference_answer
+
+    graded = judge_messages("What is 2+2?", "5", {"answer": 4})
+    assert judge_messages("What is 2+2?", "5", {"solution": "4"}) == graded  # TRL
+    verl = {"data_source": "gsm8k", "reward_model": {"style": "rule", "ground_truth": "4"}, "extra_info": {}}
+    assert judge_messages("What is 2+2?", "5", verl) == graded
+    assert judge_messages("What is 2+2?", "5", {"ground_truth": 4}) == graded
+    # a named column wins, and a row without it is graded as a puzzle (no reference)
+    assert judge_messages("What is 2+2?", "5", {"answer": 9, "final": 4}, reference_key="final") == graded
+    assert judge_messages("Grid", "up", {"answer": 9}, reference_key="final") == judge_messages("Grid", "up", {})
+    assert reference_answer({"reward_model": {"ground_truth": None}, "solution": "7"}) == "7"
+    assert reference_answer({"a": {"b": {"c": 0}}}, "a.b.c") == 0 and reference_answer({}, "x.y") is None
+
+
+def test_reference_key_is_refused_where_no_judge_reads_it():
+    from rltf_ray.errors import ConfigError
+    from rltf_ray.nodes import CritiqueParams
+
+    assert CritiqueParams(critic="llm_judge", reference_key="solution").reference_key == "solution"
+    with pytest.raises(ConfigError, match="reference_key: a non-empty column name, for the llm_judge and openai"):
+        CritiqueParams(critic="programmatic", reference_key="solution")
+    with pytest.raises(ConfigError, match="reference_key"):
+        CritiqueParams(critic="llm_judge", reference_key=" ")

@@ -79,7 +79,8 @@ def test_math_task_boxed_extraction_and_verifier():
         assert t.score(f"so the answer is \\boxed{{{meta['answer']}}}", meta).correct
         assert not t.score("\\boxed{12345}", meta).correct
         c = t.critique("\\boxed{12345}", meta)
-        assert c == "Your answer is incorrect." and (len(meta["answer"]) <= 2 or meta["answer"] not in c)
+        # what is off, never the reference itself
+        assert c.startswith("Your answer 12345 is incorrect.") and (len(meta["answer"]) <= 2 or meta["answer"] not in c)
     meta = {"question": "q", "answer": "\\frac{1}{2}"}
     assert t.score("\\boxed{0.5}", meta).correct and t.score("\\boxed{\\frac{2}{4}}", meta).correct
     assert t.extract("x \\boxed{\\frac{a}{b}} y") == ("\\frac{a}{b}", True)
@@ -189,3 +190,29 @@ def test_a_task_that_can_score_nothing_is_refused_when_built():
         has_verifier = False
 
     Judged(TaskConfig(name="judged"))
+
+
+def test_the_math_critique_says_what_is_off_in_the_final_answer():
+    from rltf_ray.tasks import get_task as task_of
+
+    math = task_of(TaskConfig(name="math", params={}))
+    meta = {"question": "q", "answer": "12"}
+    said = {text: math.critique(text, meta) for text in (
+        "so \\boxed{12}", "\\boxed{-12}", "\\boxed{120}", "\\boxed{1.2}", "\\boxed{11.95}", "\\boxed{12.5}",
+        "\\boxed{15}", "\\boxed{7}", "\\boxed{x+1}", "first \\boxed{12} then \\boxed{13}", "twelve")}
+    assert said == {
+        "so \\boxed{12}": "Your answer is correct.",
+        "\\boxed{-12}": "Your answer -12 is incorrect. Check the sign.",
+        "\\boxed{120}": "Your answer 120 is incorrect. It is off by a power of ten: check the units and the place value.",
+        "\\boxed{1.2}": "Your answer 1.2 is incorrect. It is off by a power of ten: check the units and the place value.",
+        "\\boxed{11.95}": "Your answer 11.95 is incorrect. It is close: do not round, and keep the exact value.",
+        "\\boxed{12.5}": "Your answer 12.5 is incorrect. The answer is a whole number.",
+        "\\boxed{15}": "Your answer 15 is incorrect. It is too large.",
+        "\\boxed{7}": "Your answer 7 is incorrect. It is too small.",
+        "\\boxed{x+1}": "Your answer x+1 is incorrect. Give the answer as a single number.",
+        "first \\boxed{12} then \\boxed{13}": ("Your answer 13 is incorrect. You boxed 2 different answers; box "
+                                              "exactly one. It is too large."),
+        "twelve": "Your answer could not be read. Put your final answer inside \\boxed{}.",
+    }
+    # a symbolic reference: no numeric hint, the verdict alone
+    assert math.critique("\\boxed{x}", {"question": "q", "answer": "\\frac{\\pi}{2}"}) == "Your answer x is incorrect."

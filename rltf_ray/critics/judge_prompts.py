@@ -114,16 +114,42 @@ def quote(attempt: str) -> str:
     return f"{INJECTION_NOTE}\n{OPEN}\n{attempt}\n{CLOSE}"
 
 
-def judge_messages(question: str, attempt: str, meta: dict, prompts: dict | None = None) -> list[dict]:
+# Where a row keeps its reference answer, in the order a judge looks: a task's `answer`, TRL's
+# `solution` column, verl's `reward_model.ground_truth`, a top-level `ground_truth` column.
+REFERENCE_KEYS = ("answer", "solution", "reward_model.ground_truth", "ground_truth")
+
+
+def lookup(meta: dict, path: str):
+    """meta's value at a dotted `path` ("reward_model.ground_truth"), or None."""
+    for part in path.split("."):
+        if not isinstance(meta, dict) or meta.get(part) is None:
+            return None
+        meta = meta[part]
+    return meta
+
+
+def reference_answer(meta: dict, key: str | None = None):
+    """The reference answer a judge grades against: the critic's `reference_key` when set (a
+    dotted path into the row's columns), else the first of REFERENCE_KEYS the row has."""
+    for path in (key,) if key else REFERENCE_KEYS:
+        found = lookup(meta, path)
+        if found is not None:
+            return found
+    return None
+
+
+def judge_messages(question: str, attempt: str, meta: dict, prompts: dict | None = None,
+                   reference_key: str | None = None) -> list[dict]:
     """The judge's conversation: the writing rubric prompt when `meta` has a rubric, the math
-    grader prompt when it has a reference answer, else the puzzle prompt. `prompts`: from
-    `resolve_judge_prompts` (default: the built-in templates)."""
+    grader prompt when it has a reference answer (`reference_answer`), else the puzzle prompt.
+    `prompts`: from `resolve_judge_prompts` (default: the built-in templates)."""
     t = DEFAULT_JUDGE_PROMPTS if prompts is None else prompts
     fields = {"question": question, "attempt": quote(attempt)}
+    reference = reference_answer(meta, reference_key)
     if meta.get("rubric"):
         kind, fields["rubric"] = "writing", meta["rubric"]
-    elif meta.get("answer") is not None:
-        kind, fields["answer"] = "math", meta["answer"]
+    elif reference is not None:
+        kind, fields["answer"] = "math", reference
     else:
         kind = "puzzle"
     return [{"role": "system", "content": t[f"{kind}_system"]},

@@ -92,10 +92,12 @@ class LLMJudgeCritic(Critic):
     @classmethod
     def from_params(cls, task, params, context: dict):
         return cls(task, context["model_path"], context["dtype"], params.judge_max_tokens,
-                   params.judge_max_model_len, context["prompts"], engine_options(params))
+                   params.judge_max_model_len, context["prompts"], engine_options(params),
+                   reference_key=params.reference_key)
 
     def __init__(self, task, model_path: str, dtype: str = "float32", max_tokens: int = 256,
-                 max_model_len: int = 2048, prompts: dict | None = None, engine: dict | None = None):
+                 max_model_len: int = 2048, prompts: dict | None = None, engine: dict | None = None,
+                 reference_key: str | None = None):
         from vllm import LLM
 
         from rltf_ray.stages.engine import VLLMThread, cpu_kv_cache_bytes
@@ -109,6 +111,7 @@ class LLMJudgeCritic(Critic):
         self.tokenizer = self.llm.get_tokenizer()
         self.max_tokens = max_tokens
         self.prompts = resolve_judge_prompts(prompts)
+        self.reference_key = reference_key
 
     def _generate(self, prompts: list[list[int]], choices: list[tuple[str, ...]] | None = None) -> list[str]:
         from vllm import SamplingParams
@@ -128,7 +131,7 @@ class LLMJudgeCritic(Critic):
         """Free-text critiques; a critique without a readable verdict line gets one in a second,
         constrained pass (vLLM structured outputs), so even a small judge always decides."""
         fields = [item_fields(x) for x in items]
-        convs = [judge_messages(*f, self.prompts) for f in fields]
+        convs = [judge_messages(*f, self.prompts, self.reference_key) for f in fields]
         texts = self._generate([encode(self.tokenizer, c) for c in convs])
         missing = [i for i, (t, f) in enumerate(zip(texts, fields)) if not _result(t, f[2])["format_ok"]]
         if missing:
@@ -160,10 +163,11 @@ class OpenAICritic(Critic):
     @classmethod
     def from_params(cls, task, params, context: dict):
         return cls(task, params.base_url, params.model, params.api_key_env, params.judge_max_tokens,
-                   params.timeout_s, prompts=context["prompts"])
+                   params.timeout_s, prompts=context["prompts"], reference_key=params.reference_key)
 
     def __init__(self, task, base_url: str, model: str, api_key_env: str | None = None,
-                 max_tokens: int = 256, request_timeout_s: float = 60.0, prompts: dict | None = None):
+                 max_tokens: int = 256, request_timeout_s: float = 60.0, prompts: dict | None = None,
+                 reference_key: str | None = None):
         import httpx
 
         headers = {}
@@ -176,10 +180,12 @@ class OpenAICritic(Critic):
                                         timeout=request_timeout_s)
         self.model, self.max_tokens = model, max_tokens
         self.prompts = resolve_judge_prompts(prompts)
+        self.reference_key = reference_key
 
     async def _one(self, item: dict) -> dict:
         question, attempt, meta = item_fields(item)
-        body = {"model": self.model, "messages": judge_messages(question, attempt, meta, self.prompts),
+        body = {"model": self.model, "messages": judge_messages(question, attempt, meta, self.prompts,
+                                                                 self.reference_key),
                 "max_tokens": self.max_tokens, "temperature": 0.0}
         r = await self.client.post("/chat/completions", json=body)
         if r.status_code != 200:

@@ -48,6 +48,50 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+def boxed_answers(text: str) -> list[str]:
+    """The content of every \\boxed{...} in `text`, in order."""
+    out, rest = [], text
+    while (found := last_boxed(rest)) is not None:
+        out.insert(0, found)
+        rest = rest[:rest.rfind("\\boxed{")]
+    return out
+
+
+def _number(text: str) -> float | None:
+    text = text.replace(",", "").replace("$", "").strip()
+    if "/" in text:
+        num, _, den = text.partition("/")
+        try:
+            return float(num) / float(den)
+        except (ValueError, ZeroDivisionError):
+            return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def numeric_hint(answer: str, gold: str) -> str:
+    """What a wrong answer's number says about the mistake, against a numeric reference: the
+    sign, a power of ten (units), rounding, an integer expected, else too large or too small.
+    "" when either is not a number."""
+    a, g = _number(answer), _number(gold)
+    if a is None:
+        return " Give the answer as a single number." if g is not None else ""
+    if g is None or a == g:
+        return ""
+    if g != 0 and a == -g:
+        return " Check the sign."
+    for k in (10, 100, 1000):
+        if g != 0 and (abs(a - g * k) <= 1e-9 * abs(g * k) or abs(a * k - g) <= 1e-9 * abs(g)):
+            return " It is off by a power of ten: check the units and the place value."
+    if g != 0 and abs(a - g) <= 0.01 * abs(g):
+        return " It is close: do not round, and keep the exact value."
+    if g == int(g) and a != int(a):
+        return " The answer is a whole number."
+    return " It is too large." if a > g else " It is too small."
+
+
 @register_task("math")
 class MathTask(FileTask):
     answer_format = "\\boxed{...}"
@@ -101,8 +145,14 @@ class MathTask(FileTask):
             return False
 
     def critique(self, text: str, meta: dict) -> str:
-        # A verifier cannot explain a math error; explanations are the LLM judge's job.
+        # A verifier cannot explain the reasoning (that is an LLM judge's job), but it can say
+        # what about the final answer is off, which helps a revision more than "incorrect".
         answer, _ = self.extract(text)
         if answer is None:
             return "Your answer could not be read. Put your final answer inside \\boxed{}."
-        return "Your answer is correct." if self.check(answer, meta) else "Your answer is incorrect."
+        if self.check(answer, meta):
+            return "Your answer is correct."
+        boxed = boxed_answers(text)
+        several = (f" You boxed {len(set(boxed))} different answers; box exactly one."
+                   if len(set(boxed)) > 1 else "")
+        return f"Your answer {answer} is incorrect.{several}{numeric_hint(answer, str(meta['answer']))}"

@@ -1,0 +1,66 @@
+"""Every built-in task with a verifier goes through a whole rollout on the tiny model: its
+first-turn prompt, its critique, its own revision template (math's holds `\\boxed{...}`) and
+its reward, through the run's real stages (vLLM, the Serve critic, Ray Data), and the
+learner's examples are built from the result. The judge-scored `writing` task trains a step
+in tests/test_writing.py; the learner itself is task-agnostic (tests/test_integration.py)."""
+import math
+
+import pytest
+
+from rltf_ray.chat import load_tokenizer
+from rltf_ray.examples import build_examples
+from rltf_ray.loading import load_config
+from rltf_ray.runner import Pipeline
+
+pytestmark = pytest.mark.integration
+
+TASKS = ["arithmetic", "math", "convention", "knights_knaves", "binary_matrix", "shortest_path"]
+
+
+@pytest.fixture(scope="module")
+def ray_once():
+    """One Ray for every task's pipeline: each joins it, as runs join a cluster."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_a_task_runs_through_its_revision(ray_once, tmp_path, name):
+    cfg = load_config("pipelines/configs/tiny.yaml",
+                      [f"task.name={name}", "task.params={}", "run.steps=1", "run.eval_before_after=false",
+                       f"run.output_dir={tmp_path}", "pipeline.first_turn.n=2", "pipeline.first_turn.max_tokens=16",
+                       "pipeline.revision.max_tokens=16", "engine.max_model_len=1024"])
+    pipe = Pipeline(cfg)
+    pipe.start(train=False)
+    try:
+        rows = pipe.rollout(0).to_pylist()
+    finally:
+        pipe.stop()
+    assert len(rows) == 4 * 2
+    assert all(math.isfinite(r["reward_first"]) and math.isfinite(r["reward_second"]) for r in rows)
+    wrong = [r for r in rows if not r["correct_first"]]
+    assert wrong, "the random tiny model got every answer right"
+    revised = [r for r in wrong if r["revised"]]
+    assert revised and not any(r["critique_failed"] for r in rows)  # every wrong answer critiqued
+    tok = load_tokenizer(pipe.model_path)
+    template = pipe.task.revision_template
+    for r in revised:
+        x1 = tok.decode(r["revision_prompt_ids"])
+        assert r["critique"] and r["critique"][:20] in x1  # the critique reached x1
+        # the task's own template, filled: its fixed text is in x1, no '{...}' field left
+        fixed = template.split("{")[0].strip()[:30]
+        assert fixed in x1 and "{critique}" not in x1
+        assert r["revision_ids"]
+    # the learner's examples: each trains on an answer this rollout sampled, after its prompt
+    examples, stats = build_examples(rows, cfg, tok)
+    assert len(examples) == sum(stats[f"examples_{t}"] for t in ("rl0", "rl1", "sd", "fm", "sft"))
+    sampled = {tuple(r["response_ids"]) for r in rows} | {tuple(r["revision_ids"]) for r in revised}
+    prompts = {tuple(r["prompt_ids"]) for r in rows} | {tuple(r["revision_prompt_ids"]) for r in revised}
+    for e in examples:
+        assert tuple(e.ids[e.start:]) in sampled and tuple(e.ids[:e.start]) in prompts
