@@ -201,8 +201,9 @@ class EvalConfig:
     `run.eval_every` steps, and by pipelines/eval.py."""
 
     prompts: int = 64  # distinct held-out problems (at most the task's test split, or the file's rows)
-    # Held-out problems from a file of one's own (the prompt-file format: prompt_id, prompt,
-    # meta); None = the task's own test split.
+    # Held-out problems from a file of one's own, read like the training prompts (any row shape
+    # pipeline.prompts accepts, with its column mapping and system prompt: docs/data.md);
+    # None = the task's own test split.
     path: str | None = None
     greedy: bool = True  # single-turn accuracy at temperature 0
     pass_k: list = field(default_factory=list)  # sampled pass@k, e.g. [1, 4, 8]; [] = off

@@ -1,5 +1,5 @@
 """How often a learned critic's K critiques of one attempt are identical, by sampling
-temperature (docs/results.md, "Do the learned critic's critiques differ?").
+temperature (docs/results.md, "Pre-registered: the Bi-NAC comparison on rebuilt warm starts").
 
     python docs/scripts/critic_sampling.py --critic outputs/exp/critic_conv --out results/critic_sampling.json
 
