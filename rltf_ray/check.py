@@ -37,7 +37,7 @@ def verdict(p0: float, p1: float, n: int) -> str:
                 "single-turn GRPO here (docs/results.md).")
     return (f"not yet: one critique moves accuracy by {gap:+.3f} (SE {se:.3f}), so training on revisions has "
             "little to distill. Options: a short revision warm start on the task's critiques "
-            "(pipelines/warmstart.py --revision-demos N), a more specific critic (a programmatic critique "
+            "(rltf-ray warmstart --revision-demos N), a more specific critic (a programmatic critique "
             "that names the mistake, or a stronger judge model), or a bigger model.")
 
 

@@ -29,7 +29,10 @@ def _common(ap: argparse.ArgumentParser) -> None:
 
 
 def run_main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="rltf-ray", description="Run an RLTF pipeline on Ray.")
+    ap = argparse.ArgumentParser(
+        prog="rltf-ray", description="Run an RLTF pipeline on Ray.",
+        epilog="other commands: rltf-ray {eval,check,warmstart,compare,report,plot,example} --help",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", help="a YAML config, or a shipped one by name (demo, tiny, expansion, gpu, ...)")
     ap.add_argument("--preset", help="objective preset (see --list-presets) or a preset YAML path")
     ap.add_argument("--output-dir", help="where metrics, rollouts and checkpoints go")

@@ -1,6 +1,6 @@
 """Reading finished runs back: one run's learning curve and totals, a comparison table over
-presets and seeds (mean ± standard error), and the pictures. Used by pipelines/compare.py
-and pipelines/plot.py."""
+presets and seeds (mean ± standard error), and the pictures. Used by rltf-ray compare
+and rltf-ray plot."""
 from __future__ import annotations
 
 import json

@@ -241,7 +241,7 @@ def load_eval_rows(task: Task, path: str, limit: int, params: SourceParams | Non
 
 class PromptSource:
     """The step's prompts. Runs with the same `seed` see the same prompts in the same order
-    (what pipelines/compare.py relies on); another seed reads another stream: generator
+    (what rltf-ray compare relies on); another seed reads another stream: generator
     problems from seed x 100,000 on, or a seeded permutation of a finite training split or of
     a prompt file's rows."""
 

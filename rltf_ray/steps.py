@@ -98,7 +98,7 @@ class StepRunner:
             log(f"WARNING step {row['step'] + 1}: in {row['critic_format_waived_groups']} group(s) no critique "
                 "has the verdict line, so binac.format_penalty would give every critique the same reward; "
                 "it is waived there (metric critic_format_waived_groups). Warm-start the critic "
-                "(pipelines/warmstart.py --critic) so that it writes the line.")
+                "(rltf-ray warmstart --critic) so that it writes the line.")
         return row
 
     def finish(self, launched: dict) -> dict:

@@ -2,7 +2,7 @@
 
 RLTF-SD distils revisions into the first turn; it needs revisions that are better than
 first attempts. A 135M model mostly parrots the critique, so before RL it gets a small
-dose of supervised data (`pipelines/warmstart.py`):
+dose of supervised data (`rltf-ray warmstart`):
 
 * format demonstrations: x0 -> a correct solution the task writes (`Task.demonstration`);
 * revision demonstrations: [x0, y0, c0] -> a correct solution, where y0 is the model's own
