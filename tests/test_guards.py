@@ -156,7 +156,7 @@ def test_the_feedback_gap_verdict():
 
     assert gap_se(0.5, 5) == pytest.approx((0.25 / 4) ** 0.5)  # binary per-problem differences
     assert verdict(0.03, 0.69, 64).startswith("yes: one critique lifts accuracy from 0.030 to 0.690")
-    assert verdict(0.30, 0.33, 64).startswith("not yet") and "warmstart.py --revision-demos" in verdict(0.3, 0.33, 64)
+    assert verdict(0.30, 0.33, 64).startswith("not yet") and "rltf-ray warmstart --revision-demos" in verdict(0.3, 0.33, 64)
     assert verdict(0.90, 0.99, 64).startswith("little room")
 
 
