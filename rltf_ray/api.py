@@ -70,8 +70,8 @@ class RLTFConfig:
 
     def task(self, name: str | None = None, **values) -> "RLTFConfig":
         """Another task starts from its own params: the config's were its task's.
-        `reward_funcs` (and `correct_from`) may hold functions: each is named by its module,
-        which ships as a plugin."""
+        `reward_funcs` (and `correct_from`) may hold functions: a module's is named by its
+        module, which ships as a plugin; one defined in the script or notebook ships by value."""
         if "reward_funcs" in values:
             values["reward_funcs"] = [f if isinstance(f, str) else self._reward_ref(f) for f in values["reward_funcs"]]
         if callable(values.get("correct_from")):
@@ -83,16 +83,21 @@ class RLTFConfig:
         return self._section("task", {**({"name": name} if name else {}), **values})
 
     def _reward_ref(self, fn) -> str:
+        """A reward function's reference. One importable by name (a module's) ships its module as
+        a plugin; one defined in the script or notebook (`__main__`), a lambda or a nested
+        function ships by value (rltf_ray.shipping), as Ray ships such a function."""
+        if not callable(fn):
+            raise ConfigError(f"task.reward_funcs: {fn!r} is neither a function nor 'module:function'")
         module = getattr(fn, "__module__", None)
-        if not callable(fn) or not module or "<" in fn.__qualname__:
-            raise ConfigError(f"task.reward_funcs: {fn!r} is not a module-level function; Ray workers "
-                              "import reward functions by name")
-        if module == "__main__":
-            raise ConfigError(f"task.reward_funcs: {fn.__qualname__} is defined in the script being run "
-                              "(__main__), which Ray workers cannot import; move it to a module of its own")
+        qual = getattr(fn, "__qualname__", "")
+        if not module or module == "__main__" or "<" in qual or "." in qual:
+            from rltf_ray.shipping import function_name, ship_by_value
+
+            name = function_name(fn)
+            return f"{ship_by_value(functions={name: fn})}:{name}"
         if module not in self._data.get("plugins", []) and not module.startswith("rltf_ray."):
             self.plugins(module)
-        return f"{module}:{fn.__qualname__}"
+        return f"{module}:{qual}"
 
     def engine(self, **values) -> "RLTFConfig":
         return self._section("engine", values)

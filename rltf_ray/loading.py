@@ -219,19 +219,30 @@ def build_config(data: dict) -> Config:
     cfg = expand_rounds(_build(Config, data, ""))
     check_task_name(cfg.task.name)
     validate(cfg)
-    check_critic_module(cfg)
+    shipped = ship_main_classes(cfg)
+    if shipped:  # the config again, with the generated module among its plugins
+        data["plugins"] = [*plugins, shipped]
+        load_plugins([shipped])
+        cfg = expand_rounds(_build(Config, data, ""))
     return cfg
 
 
-def check_critic_module(cfg: Config) -> None:
-    """A critic class defined in the script being run cannot be imported by Serve replicas."""
+def ship_main_classes(cfg: Config) -> str | None:
+    """A task or critic class defined in the script being run (`__main__`, a notebook) is not
+    importable by Ray workers by name: it ships by value (rltf_ray.shipping). The generated
+    module's path, or None when there is nothing to ship."""
     from rltf_ray.critics import get_critic
+    from rltf_ray.tasks import task_class
 
-    name = cfg.node("critique").params.get("critic", "programmatic")
-    if get_critic(name).__module__ == "__main__":
-        raise ConfigError(f"critic: critic '{name}' is defined in the script being run (__main__), which "
-                          "Serve replicas cannot import; move it to a module of its own and list that "
-                          "module under `plugins:` (or --plugin)")
+    critic = cfg.node("critique").params.get("critic", "programmatic")
+    tasks = {cfg.task.name: task_class(cfg.task.name)} if not cfg.task.name.startswith("rg:") else {}
+    tasks = {k: c for k, c in tasks.items() if c.__module__ == "__main__"}
+    critics = {critic: get_critic(critic)} if get_critic(critic).__module__ == "__main__" else {}
+    if not tasks and not critics:
+        return None
+    from rltf_ray.shipping import ship_by_value
+
+    return str(ship_by_value(tasks=tasks, critics=critics))
 
 
 def check_task_name(name: str) -> None:
@@ -245,10 +256,6 @@ def check_task_name(name: str) -> None:
         raise ConfigError(f"task.name: unknown task '{name}' (known: {', '.join(task_names())}, or "
                           "rg:<reasoning-gym dataset>). A task of your own: register it with "
                           "@rltf_ray.register_task in a module listed under `plugins:` (or --plugin)")
-    if cls.__module__ == "__main__":
-        raise ConfigError(f"task.name: task '{name}' is defined in the script being run (__main__), which "
-                          "Ray workers cannot import; move it to a module of its own and list that "
-                          "module under `plugins:` (or --plugin)")
 
 
 def config_from_dict(data: dict) -> Config:

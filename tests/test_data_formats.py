@@ -219,8 +219,23 @@ def test_the_python_api_takes_functions(user_dir, monkeypatch):
     assert resolved.task.reward_funcs == ["my_rewards:accuracy"] and "my_rewards" in resolved.plugins
     # tiny.yaml's digits were its arithmetic task's; the reward-function task has none
     assert resolved.task.params == {} and get_task(resolved.task).name == "reward_funcs"
-    with pytest.raises(ConfigError, match="not a module-level function"):
-        rltf_ray.RLTFConfig().task(reward_funcs=[lambda prompts, completions: [1.0]])
+    # a function from a script or notebook (here a lambda) ships by value: a fresh process, as
+    # a worker, gets it from the generated module the reference names
+    lam = rltf_ray.RLTFConfig.from_yaml("pipelines/configs/tiny.yaml").task(
+        reward_funcs=[lambda prompts, completions, **kw: [0.25 * len(c) for c in completions]])
+    ref = lam.node("prompts", path=str(user_dir / "rows.jsonl")).evaluation(
+        path=str(user_dir / "rows.jsonl")).resolve().task.reward_funcs[0]
+    assert ref.startswith("rltf_main_") and ref.endswith(":fn")
+    import subprocess
+    import sys
+
+    plugin = next(p for p in lam.resolve().plugins if "rltf_main_" in p)
+    code = (f"from rltf_ray.plugins import load_plugin\nimport importlib\nload_plugin({plugin!r})\n"
+            f"print(importlib.import_module({ref.split(':')[0]!r}).fn(['p'], ['ab', 'c']))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120).stdout.strip() == "[0.5, 0.25]"
+    with pytest.raises(ConfigError, match="neither a function"):
+        rltf_ray.RLTFConfig().task(reward_funcs=[3])
 
 
 CRITIC = critic_plugin("hint_critic", "'The answer is ' + str(it['meta']['solution']) + '.'")

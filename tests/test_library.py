@@ -171,17 +171,29 @@ class InMain:
 """
 
 
-@pytest.mark.parametrize("code,override,error", [
-    (TASK_IN_MAIN, "task.name=in_main", "task.name: task 'in_main' is defined in the script being run"),
-    (CRITIC_IN_MAIN, "pipeline.critic.critic=critic_in_main",
-     "critic: critic 'critic_in_main' is defined in the script being run"),
+@pytest.mark.parametrize("code,override,kind,name", [
+    (TASK_IN_MAIN, "task.name=in_main", "task", "in_main"),
+    (CRITIC_IN_MAIN, "pipeline.critic.critic=critic_in_main", "critic", "critic_in_main"),
 ])
-def test_a_task_or_critic_defined_in_main_is_refused(code, override, error):
+def test_a_task_or_critic_defined_in_main_ships_by_value(code, override, kind, name, tmp_path):
+    """A class defined in the script being run (a notebook) is not importable by name on a Ray
+    worker: it travels as a generated plugin module, and a fresh process (a worker's view)
+    that imports that module alone has the class registered under its name."""
+    env = {**os.environ, "RLTF_RAY_SHIPPED": str(tmp_path)}
     script = (f"import rltf_ray\nfrom rltf_ray.loading import load_config\n{code}\n"
-              f"try:\n    load_config({TINY!r}, [{override!r}])\n"
-              f"except rltf_ray.ConfigError as e:\n    print('ERROR:', e)\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert f"ERROR: {error} (__main__)" in out.stdout, out.stderr
+              f"cfg = load_config({TINY!r}, [{override!r}])\nprint('PLUGINS', cfg.plugins[-1])\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, env=env,
+                         timeout=120)
+    shipped = out.stdout.split("PLUGINS ")[-1].strip()
+    assert out.returncode == 0 and shipped.startswith(str(tmp_path / "rltf_main_")), out.stderr[-2000:]
+    worker = ("from rltf_ray.plugins import load_plugin\n"
+              f"load_plugin({shipped!r})\n"
+              "from rltf_ray.tasks import task_class\nfrom rltf_ray.critics import get_critic\n"
+              f"cls = task_class({name!r}) if {kind!r} == 'task' else get_critic({name!r})\n"
+              "print('GOT', cls.__qualname__)\n")
+    got = subprocess.run([sys.executable, "-c", worker], capture_output=True, text=True, cwd=tmp_path, env=env,
+                         timeout=120)
+    assert "GOT InMain" in got.stdout, got.stderr[-2000:]
 
 
 def test_register_task_refuses_a_clash_and_a_non_task():
