@@ -24,7 +24,9 @@ class BinacConfig:
     verdict_aware: bool = True  # the critic is told the verifier's verdict r0
     critiques_per_attempt: int = 2  # K: the critic's GRPO group is the K critiques of one attempt
     revisions_per_critique: int = 1  # M: revisions whose rewards are averaged per critique
-    temperature: float = 1.0  # the critic's sampling temperature for its K critiques
+    # The critic's sampling temperature for its K critiques (0 = greedy), in training and, unless
+    # eval.critic_temperature says otherwise, in evaluations.
+    temperature: float = 1.0
     max_tokens: int = 96  # the longest critique the critic may write
     num_engines: int = 1  # vLLM engines that serve the critic
     # The critic's reward for a critique c of attempt y0: improvement r1 - r0, or outcome r1;
@@ -75,6 +77,9 @@ class BinacConfig:
             raise ConfigError(f"binac.schedule: expected overlap or alternate, got {self.schedule!r}")
         if not self.bilevel_lambda >= 0:  # also refuses NaN
             raise ConfigError(f"binac.bilevel_lambda: must be >= 0 (0 = no bilevel term), got {self.bilevel_lambda}")
+        if not self.temperature >= 0:  # also refuses NaN
+            raise ConfigError(f"binac.temperature: the critic's sampling temperature, >= 0 (0 = greedy), "
+                              f"got {self.temperature}")
         if self.reference_every < 1:
             raise ConfigError(f"binac.reference_every: the reference actor is refreshed every this many "
                               f"policy versions; must be >= 1, got {self.reference_every}")

@@ -3,6 +3,8 @@
     rltf-ray --config pipelines/configs/tiny.yaml [--preset rltf_sd] [--plugin my_task.py] [key=value ...]
     rltf-ray --list-presets
     rltf-ray eval --config ... [--model CHECKPOINT] [--feedback-rounds 1] ...
+    rltf-ray eval --config ... --preset fixed_critic --model ACTOR --critic CRITIC --critic-temperature 0 \\
+        --feedback-rounds 1 [--split calibration]   # one actor with one critic, as a system
     rltf-ray check --config ... [--problems 64]   # p0 and p1: can this model use these critiques?
     rltf-ray warmstart --config ... --out DIR      # a short supervised warm start before RL
     rltf-ray compare --config ... --presets a,b --seeds 3 --name NAME   # presets at equal samples
@@ -115,7 +117,14 @@ def eval_main(argv=None) -> int:
     self-feedback, each with its standard error over distinct held-out problems."""
     ap = argparse.ArgumentParser(prog="rltf-ray eval", description=eval_main.__doc__.split("\n")[0])
     ap.add_argument("--config", required=True)
+    ap.add_argument("--preset", help="objective preset whose critic evaluates (fixed_critic: a learned critic)")
     ap.add_argument("--model", help="an HF folder or checkpoint (default: the config's model.path)")
+    ap.add_argument("--critic", help="the learned critic's HF folder or checkpoint (binac.critic_model), "
+                                     "e.g. a run's checkpoints/step_N/critic")
+    ap.add_argument("--critic-temperature", type=float,
+                    help="the learned critic's temperature for its critiques (0 = greedy; eval.critic_temperature)")
+    ap.add_argument("--split", choices=("test", "calibration"),
+                    help="score the held-out problems (test, the default) or the calibration ones (eval.split)")
     ap.add_argument("--prompts", type=int, help="distinct held-out problems")
     ap.add_argument("--held-out", help="a held-out prompt file of your own (default: the task's test split)")
     ap.add_argument("--pass-k", help="comma-separated k for sampled pass@k, e.g. 1,4,8")
@@ -128,7 +137,8 @@ def eval_main(argv=None) -> int:
     overrides = list(args.overrides)
     for flag, key in (("model", "model.path"), ("prompts", "eval.prompts"), ("samples", "eval.samples"),
                       ("held_out", "eval.path"), ("feedback_rounds", "eval.feedback_rounds"),
-                      ("self_feedback_rounds", "eval.self_feedback_rounds")):
+                      ("self_feedback_rounds", "eval.self_feedback_rounds"), ("critic", "binac.critic_model"),
+                      ("critic_temperature", "eval.critic_temperature"), ("split", "eval.split")):
         if getattr(args, flag) is not None:
             overrides.append(f"{key}={getattr(args, flag)}")
     if args.pass_k:
@@ -136,7 +146,7 @@ def eval_main(argv=None) -> int:
     from rltf_ray.loading import load_config
 
     try:
-        cfg = load_config(args.config, overrides, plugins=args.plugin)
+        cfg = load_config(args.config, overrides, preset=args.preset, plugins=args.plugin)
         from rltf_ray.metrics import eval_line
         from rltf_ray.runner import evaluate_only
 
@@ -145,6 +155,12 @@ def eval_main(argv=None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     result.update(model=pipe.model_path, task=cfg.task.name)
+    if pipe.critic_model:  # which critic, at which temperature: a pair of checkpoints is scored as one system
+        from rltf_ray.models import weights_sha256
+
+        result.update(critic=pipe.critic_model, critic_temperature=(
+            cfg.binac.temperature if cfg.eval.critic_temperature is None else cfg.eval.critic_temperature),
+            weights_sha256={"actor": weights_sha256(pipe.model_path), "critic": weights_sha256(pipe.critic_model)})
     print(eval_line(result))
     for k, v in result.items():
         if isinstance(v, float):

@@ -214,10 +214,30 @@ class EvalConfig:
     critique_max_tokens: int = 128  # for self-feedback critiques
     # The measures run every `run.eval_every` steps: "greedy" (cheap) or "all" of the above.
     during_training: str = "greedy"
+    # The learned critic's sampling temperature when an evaluation asks it for a critique
+    # (0 = greedy); None = binac.temperature, the temperature it samples at in training.
+    critic_temperature: float | None = None
+    # Calibration problems, which no evaluation scores: choices made before scoring (a room
+    # check, a critic's temperature) are made on them. By default the task's test split after
+    # its first `prompts` problems (never trained on, never scored).
+    calibration_prompts: int = 128
+    # Calibration problems from a file of one's own (the prompt-file format); needed when
+    # `path` gives the scored problems or the task generates none.
+    calibration_path: str | None = None
+    # The problems an evaluation scores: "test" (the held-out problems above) or
+    # "calibration" (`rltf-ray eval --split calibration`, to choose a setting).
+    split: str = "test"
 
     def __post_init__(self):
         if self.prompts < 1:
             raise ConfigError("eval.prompts: must be >= 1")
+        if self.calibration_prompts < 1:
+            raise ConfigError("eval.calibration_prompts: must be >= 1")
+        if self.split not in ("test", "calibration"):
+            raise ConfigError(f"eval.split: expected test or calibration, got {self.split!r}")
+        if self.critic_temperature is not None and not self.critic_temperature >= 0:  # also refuses NaN
+            raise ConfigError(f"eval.critic_temperature: must be >= 0 (0 = greedy) or None, "
+                              f"got {self.critic_temperature}")
         if not isinstance(self.pass_k, list) or not all(isinstance(k, int) and 1 <= k <= self.samples
                                                          for k in self.pass_k):
             raise ConfigError(f"eval.pass_k: a list of ints in 1..eval.samples ({self.samples}), "

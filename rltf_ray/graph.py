@@ -196,7 +196,16 @@ def validate(cfg: Config) -> list[NodeSpec]:
         raise ConfigError(f"binac.bilevel_lambda={cfg.binac.bilevel_lambda} rewards a learned critic; the "
                           f"critique node's critic is '{critic}' (set pipeline.{cfg.node('critique').name}"
                           ".critic=learned)")
+    if critic != "learned" and cfg.eval.critic_temperature is not None:
+        raise ConfigError(f"eval.critic_temperature={cfg.eval.critic_temperature} sets the learned critic's "
+                          f"temperature in an evaluation; the critique node's critic is '{critic}', which does "
+                          "not sample (drop the setting, or set pipeline."
+                          f"{cfg.node('critique').name}.critic=learned)")
     if critic == "learned":
+        if cfg.binac.temperature == 0 and cfg.binac.critic_steps > 0:
+            raise ConfigError("binac.temperature=0 (greedy) with a critic that trains: its K critiques of an "
+                              "attempt would be identical, so every advantage is 0 and it never learns. Train it "
+                              "at a temperature > 0; score it greedily with eval.critic_temperature=0")
         if cfg.run.turns != 2:
             raise ConfigError(f"critic 'learned' (Bi-NAC) runs two-turn episodes; got run.turns={cfg.run.turns}")
         if not task_has_verifier(cfg.task.name):

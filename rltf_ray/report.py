@@ -46,6 +46,7 @@ def collect_run(out: Path, preset: str, seed: int) -> dict:
             "prompt_ids": [m.get("prompt_ids", []) for m in steps],
             "critic_fix_rate_halves": fix_rate_halves(steps),
             "weights_sha256": summary.get("weights_sha256"),
+            "final_weights": summary.get("final_weights"),  # the run's last checkpoint and its hashes
             # the arm: a comparison's --variant suffix of the preset (`rltf_sd.fp32`), else "default"
             "variant": preset.partition(".")[2] or "default",
             **{k: prov.get(k) for k in ("commit", "engine_dtype", "learner_dtype", "head_dtype", "lr", "loss")}}
@@ -103,7 +104,8 @@ def write_table(runs: list[dict], path: Path, title: str = "") -> str:
         lines.append("| " + " | ".join(cells) + " |")
     n = max((r["after"] or {}).get("problems", 0) for r in runs) if runs else 0
     lines += ["", f"Mean ± standard error over seeds; each accuracy is on {n} distinct held-out problems. "
-              "'change' is after minus before within each seed."]
+              "'change' is after minus before within each seed. Finished runs only: a run that a guard "
+              "stopped is listed in runs.md and counted against its preset in paired.md."]
     text = "\n".join(lines) + "\n"
     Path(path).write_text(text)
     return text
@@ -117,13 +119,30 @@ def arm_baseline(preset: str, baseline: str, runs: list[dict]) -> str:
     return own if variant and any(r["preset"] == own for r in runs) else baseline
 
 
-def paired(runs: list[dict], baseline: str, key: str = "greedy_accuracy") -> list[dict]:
+def stopped_endpoint(run: dict, key: str = "greedy_accuracy") -> float:
+    """A run that a guard stopped, counted against its method: `key` at its last held-out
+    evaluation that measured it, or 0 where none did (a stopped run is never left out)."""
+    for e in reversed(run.get("evaluations") or []):
+        if e.get(key) is not None:
+            return float(e[key])
+    return 0.0
+
+
+def paired(runs: list[dict], baseline: str, key: str = "greedy_accuracy",
+           stopped: list[dict] = ()) -> list[dict]:
     """Each preset against `baseline`, paired by seed (same prompts, same held-out problems):
-    the per-seed differences of the final held-out `key`, their mean, SE and t = mean / SE."""
+    the per-seed differences of the final held-out `key`, their mean, SE and t = mean / SE.
+    A run a guard stopped (`stopped`, from `stopped_run`) takes part at `stopped_endpoint`:
+    its seeds are listed in `stopped_seeds` (the preset's runs) and `baseline_stopped_seeds`
+    (the baseline's, which `write_paired` never lets a verdict rest on)."""
     final = {(r["preset"], r["seed"]): r["after"][key] for r in runs if r.get("after") and key in r["after"]}
+    halted = {(r["preset"], r["seed"]) for r in stopped}
+    for r in stopped:
+        final.setdefault((r["preset"], r["seed"]), stopped_endpoint(r, key))
+    everyone = [*runs, *stopped]
     out = []
-    for preset in dict.fromkeys(r["preset"] for r in runs):
-        against = arm_baseline(preset, baseline, runs)
+    for preset in dict.fromkeys(r["preset"] for r in everyone):
+        against = arm_baseline(preset, baseline, everyone)
         if preset == against:
             continue
         base = {s: v for (p, s), v in final.items() if p == against}
@@ -135,23 +154,44 @@ def paired(runs: list[dict], baseline: str, key: str = "greedy_accuracy") -> lis
         else:
             t = m / se if se > 0 else (math.inf if m > 0 else -math.inf if m < 0 else 0.0)
         out.append({"preset": preset, "baseline": against, "seeds": seeds, "diffs": diffs, "mean": m,
-                    "se": se, "t": t})
+                    "se": se, "t": t, "stopped_seeds": [s for s in seeds if (preset, s) in halted],
+                    "baseline_stopped_seeds": [s for s in seeds if (against, s) in halted]})
     return out
 
 
-def write_paired(runs: list[dict], baseline: str, path: Path, shown: tuple[float, float] = (0.10, 3.0)) -> str:
-    """The paired comparison as a table; `shown` = (effect, t) a difference must reach."""
-    rows = paired(runs, baseline)
+def verdict(r: dict, shown: tuple[float, float] = (0.10, 3.0)) -> str:
+    """A paired row's verdict: "yes" when it reaches `shown` = (effect, t) on at least 2 seeds
+    with no stopped baseline run among them; otherwise "no", saying when stopped runs decided it.
+    A stopped run of the preset is already counted against it (`stopped_endpoint`); a stopped
+    run of the baseline would count for the preset, so it leaves the test undecided."""
+    if r.get("baseline_stopped_seeds"):
+        k = len(r["baseline_stopped_seeds"])
+        return f"no (not decided: {k} of {len(r['seeds'])} baseline runs stopped by a guard)"
+    ok = len(r["seeds"]) > 1 and r["mean"] >= shown[0] and r["t"] >= shown[1]
+    if r.get("stopped_seeds"):
+        return f"{'yes' if ok else 'no'} ({len(r['stopped_seeds'])} of {len(r['seeds'])} runs stopped by a guard, counted)"
+    return "yes" if ok else "no"
+
+
+def write_paired(runs: list[dict], baseline: str, path: Path, shown: tuple[float, float] = (0.10, 3.0),
+                 stopped: list[dict] = ()) -> str:
+    """The paired comparison as a table; `shown` = (effect, t) a difference must reach;
+    `stopped`: the runs a guard stopped (`stopped_run`), counted as `paired` counts them."""
+    rows = paired(runs, baseline, stopped=stopped)
     lines = [f"Held-out greedy first-try accuracy after training, each preset minus {baseline} (of its own "
-             f"variant where one ran), paired by seed. Shown: mean >= +{shown[0]:.2f} at t >= {shown[1]:.0f}.", "",
+             f"variant where one ran), paired by seed. Shown: mean >= +{shown[0]:.2f} at t >= {shown[1]:.0f}. "
+             "A run that a guard stopped counts against its preset, never as absent: its accuracy at its last "
+             "held-out evaluation, or 0 without one (marked 'stopped'); a stopped baseline run leaves the test "
+             "not decided.", "",
              "| preset | against | seeds | mean difference | SE | t | per seed | shown |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        per = ", ".join(f"s{s}: {d:+.3f}" for s, d in zip(r["seeds"], r["diffs"]))
-        ok = len(r["seeds"]) > 1 and r["mean"] >= shown[0] and r["t"] >= shown[1]
+        mark = {s: " (stopped)" for s in r["stopped_seeds"]} | {s: " (baseline stopped)"
+                                                                for s in r["baseline_stopped_seeds"]}
+        per = ", ".join(f"s{s}: {d:+.3f}{mark.get(s, '')}" for s, d in zip(r["seeds"], r["diffs"]))
         se, t = ("-", "-") if math.isnan(r["se"]) else (f"{r['se']:.3f}", f"{r['t']:.2f}")
         lines.append(f"| {r['preset']} | {r['baseline']} | {len(r['seeds'])} | {r['mean']:+.3f} | {se} | {t} | "
-                     f"{per} | {'yes' if ok else 'no'} |")
+                     f"{per} | {verdict(r, shown)} |")
     curve = paired_curve(runs, baseline)
     if curve:
         lines += ["", f"Along the way (the held-out evaluations during training; not the test above): each "
@@ -193,7 +233,8 @@ def write_runs(runs: list[dict], path: Path, stopped: list[str] = ()) -> str:
                  weights_cell(r.get("weights_sha256"))]
         lines.append("| " + " | ".join(cells) + " |")
     if stopped:
-        lines += ["", "Stopped by a guard (not in the tables above):", *stopped]
+        lines += ["", "Stopped by a guard (not in the table above; paired.md counts each against its preset):",
+                  *stopped]
     text = "\n".join(lines) + "\n"
     Path(path).write_text(text)
     return text
@@ -238,6 +279,32 @@ def finished_runs(root: Path) -> list[dict]:
     return sorted(runs, key=lambda r: (r["seed"], r["preset"]))
 
 
+def stopped_run(out: Path, preset: str, seed: int) -> dict:
+    """A run that a guard stopped (its STOPPED_FILE), as a record a verdict can count: the
+    guard and its reason, the steps it trained and its held-out evaluations on the way
+    (metrics.jsonl), the last of which `stopped_endpoint` reads."""
+    from rltf_ray.errors import STOPPED_FILE
+
+    out = Path(out)
+    got = json.loads((out / STOPPED_FILE).read_text())
+    steps = read_metrics(out)
+    return {"preset": preset, "seed": seed, "output_dir": str(out), "stopped_by": got.get("stopped_by", "?"),
+            "error": got.get("error", ""), "steps": len(steps),
+            "evaluations": [{**m["eval"], "samples_seen": m.get("samples_seen", 0)} for m in steps if "eval" in m]}
+
+
+def guard_stopped_runs(root: Path) -> list[dict]:
+    """Every run under `root`/runs/ that a guard stopped, as `stopped_run` records."""
+    from rltf_ray.errors import STOPPED_FILE
+
+    out = []
+    for d in sorted(Path(root, "runs").glob("*_s*")):
+        if d.is_dir() and (d / STOPPED_FILE).is_file() and not (d / "summary.json").is_file():
+            preset, _, seed = d.name.rpartition("_s")
+            out.append(stopped_run(d, preset, int(seed)))
+    return sorted(out, key=lambda r: (r["seed"], r["preset"]))
+
+
 def stopped_runs(root: Path) -> list[str]:
     """One line per run that a guard stopped (its STOPPED_FILE): which run, and why."""
     from rltf_ray.errors import STOPPED_FILE
@@ -259,8 +326,9 @@ def write_report(root: Path, title: str = "", baseline: str | None = None) -> st
         return "no finished runs\n" + "".join(f"{line}\n" for line in stopped_runs(root))
     text = write_table(runs, root / "table.md", title=title)
     text += "\n" + write_runs(runs, root / "runs.md", stopped_runs(root))
-    if baseline and any(r["preset"].partition(".")[0] == baseline for r in runs):
-        text += "\n" + write_paired(runs, baseline, root / "paired.md")
+    halted = guard_stopped_runs(root)
+    if baseline and any(r["preset"].partition(".")[0] == baseline for r in [*runs, *halted]):
+        text += "\n" + write_paired(runs, baseline, root / "paired.md", stopped=halted)
     write_curves(runs, root / "curves.png", title=title or root.name)
     return text
 

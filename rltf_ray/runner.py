@@ -16,7 +16,7 @@ from rltf_ray.config import Config, ConfigError
 from rltf_ray.graph import node_params, validate
 from rltf_ray.models import weights_sha256
 from rltf_ray.services import STOP_WAIT_S, Services, log
-from rltf_ray.sources import PromptSource, load_eval_rows, with_system
+from rltf_ray.sources import PromptSource, calibration_rows, held_out_rows
 from rltf_ray.steps import STAGE_KINDS, StepRunner, no_held_out
 from rltf_ray.tasks import get_task
 
@@ -42,10 +42,11 @@ class Pipeline(Services, StepRunner):
         self.source = PromptSource(self.task, source, cfg.run.steps, cfg.run.seed, self._prompt_fits(),
                                    key=f"pipeline.{cfg.node('source').name}.path")
         self.final_eval: dict | None = None  # the last step's evaluation, when it is the "after" one
-        # a held-out file is validated whole before anything starts
-        self.held_out = (load_eval_rows(self.task, cfg.eval.path, cfg.eval.prompts, source) if cfg.eval.path
-                         else with_system(self.task.held_out(cfg.eval.prompts), source.system_prompt)
-                         if self.task.generates else None)
+        # a held-out file is validated whole before anything starts; an evaluation of the
+        # calibration split (eval.split) scores those problems instead
+        self.held_out = (held_out_rows(self.task, cfg.eval, source) if cfg.eval.split == "test" else
+                         calibration_rows(self.task, cfg.eval, source,
+                                          {r["prompt"] for r in self.source.file_rows or []}))
         if self.held_out is None and (cfg.run.eval_before_after or cfg.run.eval_every):
             raise no_held_out(self.task.name)
         self.next_step: int | None = None  # set by begin()
@@ -180,6 +181,8 @@ class Pipeline(Services, StepRunner):
         summary["weights_sha256"] = {"actor": weights_sha256(self.model_path)}
         if self.critic_model:
             summary["weights_sha256"]["critic"] = weights_sha256(self.critic_model)
+        summary["final_weights"] = final_weights(self.out, self.cfg.run.steps, self.critic_model,
+                                                 self.cfg.binac.critic_steps > 0)
         summary["output_dir"] = str(self.out)
         summary["provenance"] = self.provenance
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -215,6 +218,22 @@ class Pipeline(Services, StepRunner):
 
 def run(cfg: Config) -> dict:
     return Pipeline(cfg).run()
+
+
+def final_weights(out, steps: int, critic_model: str | None, critic_trains: bool) -> dict:
+    """Where a finished run's final weights are, with the SHA-256 of each weight file (None
+    where the folder is missing): the actor's last checkpoint (checkpoints/step_<steps>), and
+    the critic's beside it (critic/) when the critic trains, else the critic it started from,
+    which never changed. The weights stay on disk, out of git; summary.json keeps the hashes,
+    so that a later evaluation of a checkpoint pair can be checked against the run."""
+    from pathlib import Path
+
+    last = Path(out) / "checkpoints" / f"step_{steps}"
+    got = {"actor": {"path": str(last), "sha256": weights_sha256(str(last))}}
+    if critic_model:
+        path = last / "critic" if critic_trains else Path(critic_model)
+        got["critic"] = {"path": str(path), "sha256": weights_sha256(str(path))}
+    return got
 
 
 def evaluate_only(cfg: Config) -> tuple[Pipeline, dict]:

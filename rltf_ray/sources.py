@@ -227,16 +227,52 @@ def bad_rows_error(path: str, bad: list[dict], key: str = "pipeline.prompts.path
     return ConfigError(f"{key}: {len(bad)} bad row(s) in {path}:\n{listed}{more}\n{fix}")
 
 
-def load_eval_rows(task: Task, path: str, limit: int, params: SourceParams | None = None) -> list[dict]:
-    """The held-out problems of `eval.path`, read with the training prompts' column mapping and
-    system prompt (`params`), validated whole: any bad row is an error, and the first `limit`
-    rows are used."""
-    got = read_prompt_file(path, task, key="eval.path", params=params)
+def load_eval_rows(task: Task, path: str, limit: int, params: SourceParams | None = None,
+                   key: str = "eval.path") -> list[dict]:
+    """The held-out problems of `eval.path` (or of the file that config `key` names), read
+    with the training prompts' column mapping and system prompt (`params`), validated whole:
+    any bad row is an error, and the first `limit` rows are used."""
+    got = read_prompt_file(path, task, key=key, params=params)
     if got.bad:
-        raise bad_rows_error(path, got.bad, key="eval.path")
+        raise bad_rows_error(path, got.bad, key=key)
     if not got.rows:
-        raise ConfigError(f"eval.path: {path} has no rows")
+        raise ConfigError(f"{key}: {path} has no rows")
     return got.rows[:limit]
+
+
+def held_out_rows(task: Task, E, params: SourceParams) -> list[dict] | None:
+    """The problems an evaluation scores (`E`, the eval config): the first `E.prompts` rows of
+    `E.path`, else of the task's test split; None for a task that generates none."""
+    if E.path:
+        return load_eval_rows(task, E.path, E.prompts, params)
+    return with_system(task.held_out(E.prompts), params.system_prompt) if task.generates else None
+
+
+def calibration_rows(task: Task, E, params: SourceParams, train_prompts: set[str] = frozenset()) -> list[dict]:
+    """The calibration problems of the eval config `E`, which no evaluation of the test split
+    scores: the first `E.calibration_prompts` rows of `E.calibration_path`, else the task's test
+    split after its first `E.prompts` problems (`Task.calibration`). A ConfigError when a
+    calibration row's prompt is also a scored one, or one of `train_prompts` (a training file's),
+    and when the scored problems come from a file (`E.path`) but the calibration ones would not."""
+    if E.calibration_path:
+        rows = load_eval_rows(task, E.calibration_path, E.calibration_prompts, params, key="eval.calibration_path")
+        scored = {r["prompt"] for r in held_out_rows(task, E, params) or []}
+        for what, prompts in (("a scored problem (eval.path or the task's test split)", scored),
+                              ("a training prompt", set(train_prompts))):
+            both = [r["prompt"] for r in rows if r["prompt"] in prompts]
+            if both:
+                raise ConfigError(f"eval.calibration_path: {len(both)} of its rows are also {what}, e.g. "
+                                  f"{both[0][:80]!r}; calibration problems must be ones that are never scored "
+                                  "or trained on")
+        return rows
+    if E.path:
+        raise ConfigError("eval.path gives the scored problems from a file, so the calibration problems "
+                          "(a room check, a temperature choice) need a file of their own: set eval.calibration_path "
+                          "to prompts that are neither scored nor trained on")
+    if not task.generates:
+        raise ConfigError(f"task {task.name}: it generates no problems, so it has no calibration split; set "
+                          "eval.calibration_path to prompts that are neither scored nor trained on")
+    return with_system(task.calibration(E.calibration_prompts, E.prompts), params.system_prompt)
 
 
 class PromptSource:

@@ -167,7 +167,7 @@ class StepRunner:
             for at in range(0, len(which), critic.batch_size):
                 # one critique each: the evaluation uses one, and K would cost K times the critic's time
                 got.update(ask_critic(critic, told, texts, which[at:at + critic.batch_size], samples=1,
-                                      ids=ids, step=version))
+                                      ids=ids, step=version, temperature=self.cfg.eval.critic_temperature))
             return {i: (res["critique"] if res else None, err) for i, (res, err) in got.items()}
 
         E = self.cfg.eval
@@ -188,4 +188,7 @@ class StepRunner:
         out = self.evaluator().run(rows, E.pass_k if full else [], E.samples,
                                    E.feedback_rounds if full else 0, E.self_feedback_rounds if full else 0,
                                    greedy=E.greedy or not full)
+        if E.split == "calibration":  # a setting chosen on these is then scored on the test split
+            return {**out, "split": "calibration", "requested": E.calibration_prompts,
+                    "held_out": E.calibration_path or "task"}
         return {**out, "requested": E.prompts, "held_out": E.path or "task"}

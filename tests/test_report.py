@@ -5,7 +5,7 @@ import math
 import pytest
 
 from conftest import undocumented_keys
-from rltf_ray.report import finished_runs, paired, write_report
+from rltf_ray.report import finished_runs, guard_stopped_runs, paired, stopped_endpoint, verdict, write_report
 
 
 def run_dir(root, preset, seed, before, after, steps=2):
@@ -128,15 +128,103 @@ def test_the_gain_line_pairs_by_problem_and_says_where_it_stands():
     assert unpaired.endswith("+0.750 (SE 0.354, unpaired; more than 2 SE)")
 
 
-def test_a_run_stopped_by_the_dead_critic_guard_is_listed_not_paired(tmp_path):
+def stopped_dir(root, preset, seed, evals=(), error="step 3: 3 critic updates"):
+    """A run folder as the dead-critic guard leaves it: stopped.json and the metrics rows it
+    wrote, `evals` being the held-out evaluations on the way ({step: eval}), no summary.json."""
     from rltf_ray.errors import STOPPED_FILE
 
-    run_dir(tmp_path, "fixed_critic", 0, 0.0, 0.1)
-    run_dir(tmp_path, "binac", 0, 0.0, 0.3)
-    d = tmp_path / "runs" / "binac_s1"
-    d.mkdir()
-    (d / STOPPED_FILE).write_text(json.dumps({"stopped_by": "dead_critic", "error": "step 3: 3 critic updates"}))
-    assert [(r["preset"], r["seed"]) for r in finished_runs(tmp_path)] == [("binac", 0), ("fixed_critic", 0)]
+    d = root / "runs" / f"{preset}_s{seed}"
+    d.mkdir(parents=True)
+    (d / STOPPED_FILE).write_text(json.dumps({"stopped_by": "dead_critic", "error": error}))
+    evals = dict(evals)
+    (d / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "samples_seen": 32 * (s + 1), **({"eval": evals[s]} if s in evals else {})}) + "\n"
+        for s in range(max(evals, default=1) + 1)))
+    return d
+
+
+def test_a_run_stopped_by_the_dead_critic_guard_is_listed_and_counted_against_its_preset(tmp_path):
+    """The survivor bias: three seeds where binac beats fixed_critic by +0.5 on the two that
+    finished; seed 1's binac was stopped after one evaluation (0.05). Left out, the verdict
+    would rest on the survivors; counted at its last evaluation, the difference on seed 1 is
+    0.05 - 0.40 and the test is not shown."""
+    for s, base in enumerate((0.10, 0.40, 0.20)):
+        run_dir(tmp_path, "fixed_critic", s, 0.0, base)
+    run_dir(tmp_path, "binac", 0, 0.0, 0.60)
+    run_dir(tmp_path, "binac", 2, 0.0, 0.70)
+    stopped_dir(tmp_path, "binac", 1, {1: {"greedy_accuracy": 0.30}, 3: {"greedy_accuracy": 0.05}})
+    assert [(r["preset"], r["seed"]) for r in finished_runs(tmp_path)] == [
+        ("binac", 0), ("fixed_critic", 0), ("fixed_critic", 1), ("binac", 2), ("fixed_critic", 2)]
+    halted = guard_stopped_runs(tmp_path)
+    assert [(r["preset"], r["seed"], r["steps"]) for r in halted] == [("binac", 1, 4)]
+    assert stopped_endpoint(halted[0]) == 0.05  # the last evaluation, not the best one
+    (row,) = paired(finished_runs(tmp_path), "fixed_critic", stopped=halted)
+    assert row["seeds"] == [0, 1, 2] and row["stopped_seeds"] == [1] and row["baseline_stopped_seeds"] == []
+    assert row["diffs"] == pytest.approx([0.5, -0.35, 0.5])
+    assert row["mean"] == pytest.approx(0.65 / 3)
+    # without the stopped run the two survivors give +0.5 with SE 0: "shown"
+    (survivors,) = paired(finished_runs(tmp_path), "fixed_critic")
+    assert survivors["seeds"] == [0, 2] and verdict(survivors) == "yes"
+    assert verdict(row) == "no (1 of 3 runs stopped by a guard, counted)"
     write_report(tmp_path, "t", "fixed_critic")
-    assert ("Stopped by a guard (not in the tables above):\n- binac_s1: stopped by the dead-critic guard: "
-            "step 3: 3 critic updates\n") in (tmp_path / "runs.md").read_text()
+    md = (tmp_path / "paired.md").read_text()
+    assert "| binac | fixed_critic | 3 | +0.217 |" in md
+    assert "s0: +0.500, s1: -0.350 (stopped), s2: +0.500 | no (1 of 3 runs stopped by a guard, counted) |" in md
+    assert "counts against its preset, never as absent" in md
+    assert ("Stopped by a guard (not in the table above; paired.md counts each against its preset):\n"
+            "- binac_s1: stopped by the dead-critic guard: step 3: 3 critic updates\n") in (tmp_path / "runs.md").read_text()
+
+
+def test_a_stopped_run_without_an_evaluation_counts_0_and_a_stopped_baseline_decides_nothing(tmp_path):
+    for s in range(3):
+        run_dir(tmp_path, "grpo_single", s, 0.0, 0.10)
+    run_dir(tmp_path, "rltf_sd", 0, 0.0, 0.90)
+    run_dir(tmp_path, "rltf_sd", 2, 0.0, 0.90)
+    stopped_dir(tmp_path, "rltf_sd", 1)  # stopped before any held-out evaluation: 0
+    halted = guard_stopped_runs(tmp_path)
+    assert stopped_endpoint(halted[0]) == 0.0 and stopped_endpoint(halted[0], "feedback_accuracy_1") == 0.0
+    (row,) = paired(finished_runs(tmp_path), "grpo_single", stopped=halted)
+    assert row["diffs"] == pytest.approx([0.8, -0.1, 0.8])
+    # mean 0.5, SE 0.3, t 1.67: not shown, the stopped run counted
+    assert row["se"] == pytest.approx(0.3) and verdict(row).startswith("no (1 of 3 runs stopped")
+
+    # a baseline run that a guard stopped would count *for* the preset: the test is not decided
+    base = tmp_path / "b"
+    for s in range(3):
+        run_dir(base, "binac", s, 0.0, 0.80 + 0.01 * s)
+    run_dir(base, "fixed_critic", 0, 0.0, 0.20)
+    run_dir(base, "fixed_critic", 1, 0.0, 0.25)
+    stopped_dir(base, "fixed_critic", 2, {5: {"greedy_accuracy": 0.22}})
+    (row,) = paired(finished_runs(base), "fixed_critic", stopped=guard_stopped_runs(base))
+    assert row["baseline_stopped_seeds"] == [2] and row["t"] > 3 and row["mean"] > 0.10
+    assert verdict(row) == "no (not decided: 1 of 3 baseline runs stopped by a guard)"
+    write_report(base, "t", "fixed_critic")
+    assert "s2: +0.600 (baseline stopped)" in (base / "paired.md").read_text()
+
+
+def test_a_summary_records_where_the_final_weights_are_and_their_hashes(tmp_path):
+    """What `Pipeline.end` writes into summary.json: the actor's last checkpoint and the
+    trained critic's beside it; a frozen critic's final weights are the ones it started from."""
+    import hashlib
+
+    from rltf_ray.runner import final_weights
+
+    last = tmp_path / "run" / "checkpoints" / "step_12"
+    (last / "critic").mkdir(parents=True)
+    (last / "model.safetensors").write_bytes(b"actor after")
+    (last / "critic" / "model.safetensors").write_bytes(b"critic after")
+    start = tmp_path / "critic_warm"
+    start.mkdir()
+    (start / "model.safetensors").write_bytes(b"critic before")
+    sha = lambda b: {"model.safetensors": hashlib.sha256(b).hexdigest()}  # noqa: E731
+    got = final_weights(tmp_path / "run", 12, str(start), critic_trains=True)
+    assert got == {"actor": {"path": str(last), "sha256": sha(b"actor after")},
+                   "critic": {"path": str(last / "critic"), "sha256": sha(b"critic after")}}
+    frozen = final_weights(tmp_path / "run", 12, str(start), critic_trains=False)
+    assert frozen["critic"] == {"path": str(start), "sha256": sha(b"critic before")}
+    assert final_weights(tmp_path / "run", 12, None, False) == {"actor": got["actor"]}
+    assert final_weights(tmp_path / "run", 6, None, False)["actor"]["sha256"] is None  # no such checkpoint
+    run_dir(tmp_path, "binac", 0, 0.0, 0.5)
+    summary = tmp_path / "runs" / "binac_s0" / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "final_weights": got}))
+    assert finished_runs(tmp_path)[0]["final_weights"] == got  # runs.jsonl carries them

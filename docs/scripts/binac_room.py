@@ -5,8 +5,10 @@ to learn" and "...: room and a signal").
     python docs/scripts/binac_room.py --critic outputs/exp/critic_mixed \\
         --out results/binac_learnable/room.json [--problems 128] [key=value ...]
 
-On held-out problems the actor (the config's model) answers greedily, as the held-out
-evaluation does. Each wrong answer is critiqued by the task's programmatic critique (the best
+On calibration problems (`room_problems`: the task's test split after the problems that the
+evaluation scores, so never trained on and never scored; `eval.calibration_path` for a task
+whose problems come from files) the actor (the config's model) answers greedily, as the
+held-out evaluation does. Each wrong answer is critiqued by the task's programmatic critique (the best
 feedback known) and K times by the frozen critic, sampled as a run samples it; the actor
 revises greedily from each critique. The critic sees what it sees in a run: the question, the
 attempt and the verifier's verdict ("incorrect"), never the answer.
@@ -33,6 +35,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
+def room_problems(cfg, task) -> list[dict]:
+    """The problems the room check measures on: `eval.calibration_prompts` calibration problems
+    (`rltf_ray.sources.calibration_rows`), none of them scored by any evaluation of the test split.
+    (Checks registered before the calibration split existed used the first held-out problems.)"""
+    from rltf_ray.graph import node_params
+    from rltf_ray.sources import calibration_rows
+
+    return calibration_rows(task, cfg.eval, node_params(cfg.node("source")))
+
+
 def revise_fixed(actor, model: str, task, rows, attempts, critiques, template, max_tokens) -> list[bool]:
     """Whether the actor's greedy revision from each (row, attempt, critique) is correct."""
     from rltf_ray.chat import encode, load_tokenizer, revision_messages
@@ -44,18 +56,19 @@ def revise_fixed(actor, model: str, task, rows, attempts, critiques, template, m
     return [task.score(g[0].text, json.loads(r["meta"])).correct for r, g in zip(rows, outs)]
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="pipelines/configs/expansion.yaml")
     ap.add_argument("--critic", required=True, help="the critic's HF folder (frozen)")
-    ap.add_argument("--problems", type=int, default=128, help="held-out problems (the evaluation's come first)")
+    ap.add_argument("--problems", type=int, default=128,
+                    help="calibration problems (eval.calibration_prompts): never scored by an evaluation")
     ap.add_argument("--out", required=True)
     ap.add_argument("--min-room", type=float, default=0.0,
                     help="the least room (programmatic minus frozen fix rate) that passes, besides 2 SE")
     ap.add_argument("--min-differing", type=float, default=0.0,
                     help="the least share of attempts whose K critiques fix differently that passes")
     ap.add_argument("overrides", nargs="*", help="key=value, as for the runs (binac.temperature, ...)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     import ray
 
@@ -68,18 +81,18 @@ def main() -> int:
     from rltf_ray.metrics import identical_pair_fraction
     from rltf_ray.models import resolve_dtype, resolve_model
     from rltf_ray.services import init_ray
-    from rltf_ray.sources import with_system
     from rltf_ray.stages.engine import start_engines
     from rltf_ray.tasks import get_task
     from rltf_ray.tasks.convention import RULES
 
-    cfg = load_config(args.config, [*args.overrides, f"binac.critic_model={args.critic}"])
+    cfg = load_config(args.config, [*args.overrides, f"binac.critic_model={args.critic}",
+                                    f"eval.calibration_prompts={args.problems}"])
     b, task = cfg.binac, get_task(cfg.task)
+    rows = room_problems(cfg, task)
     gen, rev = node_params(cfg.node("generate")), node_params(cfg.node("revise"))
     template = rev.template or task.revision_template
     model, dtype = resolve_model(cfg.model.path), resolve_dtype(cfg.model.dtype, False)
     critic_path = str(Path(args.critic).resolve())
-    rows = with_system(task.held_out(args.problems), node_params(cfg.node("source")).system_prompt)
     one = dataclasses.replace(cfg.engine, num_engines=1)
     init_ray(cfg)
     try:
@@ -111,6 +124,8 @@ def main() -> int:
     diff_m, diff_se = mean_se([float(x) - y for x, y in zip(best, per_problem)])
     out = {
         "actor": model, "critic": critic_path, "problems": len(rows), "wrong_first_answers": len(wrong),
+        "split": "calibration", "scored_problems_skipped": None if cfg.eval.calibration_path else cfg.eval.prompts,
+        "calibration_path": cfg.eval.calibration_path,
         "greedy_first_try": 1 - len(wrong) / max(len(rows), 1),
         "critic_temperature": b.temperature, "critiques_per_attempt": k, "verdict_aware": b.verdict_aware,
         "programmatic_fix_rate": best_m, "programmatic_fix_rate_se": best_se,

@@ -4,7 +4,8 @@ The engines are `PolicyEngine` actors like the actor's, started by the runner an
 by name, so that the trainer's `WeightSync` pushes the critic's new weights into them
 exactly as it does for the actor (a Serve replica cannot be addressed one by one for a
 broadcast). Each request asks for K critiques c ~ pi_C(. | x0, y0) of one attempt (an item's
-"samples" asks for another number: the held-out evaluation asks for the one it uses); every
+"samples" asks for another number: the held-out evaluation asks for the one it uses; its
+"temperature" for another temperature than binac.temperature); every
 critique must end with a verdict line, which is checked against the verifier.
 """
 from __future__ import annotations
@@ -40,7 +41,8 @@ def empty_critic_columns() -> dict:
 @register_critic("learned")
 class LearnedCritic(Critic):
     """Item: {"prompt", "response", "meta", "verdict": bool (the verifier's verdict, shown
-    to a verdict-aware critic), "samples": int (critiques wanted; unset, K)}. Result: the
+    to a verdict-aware critic), "samples": int (critiques wanted; unset, K), "temperature":
+    float (0 = greedy; unset, binac.temperature)}. Result: the
     first critique as "critique" (what the actor revises from), all of them with their token ids,
     log-probs, verdicts and format flags, the critic's prompt ids and the version of the
     weights that wrote them."""
@@ -79,8 +81,15 @@ class LearnedCritic(Critic):
             raise ValueError(f"an item's 'samples' must be a positive int, got {n!r}")
         return n
 
+    def _temperature(self, item: dict) -> float:
+        t = item.get("temperature", self.b.temperature)
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
+            raise ValueError(f"an item's 'temperature' must be a number >= 0 (0 = greedy), got {t!r}")
+        return float(t)
+
     def _encode(self, item: dict) -> list[int]:
         self._samples(item)  # checked here so that a bad item fails alone
+        self._temperature(item)
         return self._prompt(item)
 
     async def judge(self, items: list[dict]) -> list:
@@ -92,12 +101,13 @@ class LearnedCritic(Critic):
                 out[i] = {"critique": "", "correct": False, "reward": 0.0, OVERFLOW: len(x)}
         good = [i for i, x in enumerate(out) if isinstance(x, list)]
         prompts = {i: out[i] for i in good}
-        calls, asked = [], {i: self._samples(items[i]) for i in good}
-        # one engine call per number of critiques asked (K in training, 1 in an evaluation)
-        for n in sorted(set(asked.values())):
-            want = [i for i in good if asked[i] == n]
+        calls, asked = [], {i: (self._samples(items[i]), self._temperature(items[i])) for i in good}
+        # one engine call per number of critiques and temperature asked (K at binac.temperature
+        # in training; 1 in an evaluation, at eval.critic_temperature where that is set)
+        for n, temperature in sorted(set(asked.values())):
+            want = [i for i in good if asked[i] == (n, temperature)]
             shards = [want[i::len(self.engines)] for i in range(len(self.engines))]
-            calls += [(idx, e.generate.remote([prompts[i] for i in idx], n=n, temperature=self.b.temperature,
+            calls += [(idx, e.generate.remote([prompts[i] for i in idx], n=n, temperature=temperature,
                                               top_p=1.0, max_tokens=self.b.max_tokens))
                       for e, idx in zip(self.engines, shards) if idx]
         results = await asyncio.gather(*(ref for _, ref in calls))

@@ -59,9 +59,11 @@ def request_critiques(handle, items: list[dict], p: CritiqueParams) -> tuple[lis
 
 
 def ask_critic(p: CritiqueParams, rows: list[dict], texts: list[str], which: list[int],
-               samples: int | None = None, ids: list | None = None, step: int | None = None):
+               samples: int | None = None, ids: list | None = None, step: int | None = None,
+               temperature: float | None = None):
     """{row index: (result or None, error)} for the rows in `which`. `samples`: how many
     critiques a sampling critic (the learned one) writes per row; unset, its configured K.
+    `temperature`: the sampling critic's temperature for these rows; unset, its configured one.
     `ids` (the answers' token ids) and `step` go with the requests where known: the task's
     reward functions get them as completion_ids and trainer_state.global_step."""
     if not which:
@@ -75,6 +77,9 @@ def ask_critic(p: CritiqueParams, rows: list[dict], texts: list[str], which: lis
     if samples is not None:
         for item in items:
             item["samples"] = samples
+    if temperature is not None:
+        for item in items:
+            item["temperature"] = temperature
     for item, i in zip(items, which):  # the verifier's verdict, for a verdict-aware learned critic
         if "correct_first" in rows[i]:
             item["verdict"] = bool(rows[i]["correct_first"])

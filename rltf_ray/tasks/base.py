@@ -127,6 +127,24 @@ class Task(ABC):
                 out.append(row)
         return out
 
+    def calibration(self, n: int, scored: int) -> list[dict]:
+        """`n` calibration rows: the test split's distinct problems that come after the first
+        `scored` held-out ones (`held_out(scored)`, the problems an evaluation scores). They
+        are never trained on (they are test problems) and never scored, so a choice made on
+        them (a room check, a critic's temperature) cannot fit the scored problems. A
+        ConfigError when the test split has fewer than `scored + n` distinct problems."""
+        if n < 1 or scored < 0:
+            raise ValueError(f"calibration: need n >= 1 and scored >= 0, got n={n}, scored={scored}")
+        first = len(self.held_out(scored))
+        rows = self.held_out(first + n)[first:]
+        if len(rows) < n:
+            raise ConfigError(
+                f"task {self.name}: its test split has {first + len(rows)} distinct problems, too few for "
+                f"{scored} scored (eval.prompts) and {n} calibration problems (eval.calibration_prompts) that "
+                "do not overlap; lower one of them, give a larger test split, or give calibration problems "
+                "in a file of their own (eval.calibration_path)")
+        return rows
+
     # -- scoring ----------------------------------------------------------------------
     def extract(self, text: str) -> tuple[str | None, bool]:
         """(answer or None, format_ok). format_ok means the answer tag was used."""
