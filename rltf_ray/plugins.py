@@ -254,7 +254,13 @@ def with_job_env(env: dict) -> dict:
 
 def _uploaded(env: dict) -> dict:
     """`env` with its local py_modules uploaded to the cluster (gcs:// URIs), the step Ray
-    itself takes for a job's runtime_env in `ray.init` (ray 2.60's internal helper)."""
+    itself takes for a job's runtime_env in `ray.init`.
+
+    Ray's one private call in rltf_ray, on purpose: Ray documents local folders in py_modules
+    for a job's runtime_env only, and refuses them in a task's or an actor's ("only supported
+    at the job level"), while a run on a Ray that is already up (a Tune trial, a notebook) has
+    no job of its own to give them to. tests/test_private_ray.py fails, naming this function,
+    when a Ray upgrade moves the helper or starts taking local folders per actor."""
     import ray
     from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
 

@@ -69,9 +69,11 @@ def init_ray(cfg: Config) -> bool:
     apply_embedded_ray_env()
     # Logical CPUs: engines and trainer workers each hold one; they take turns on the cores.
     n = cfg.run.local_num_cpus or max(8, os.cpu_count() or 1)
+    # ray.init's documented hidden option for `ray start --metrics-export-port`, the only way to
+    # fix the port of a Ray started in-process (tests/test_private_ray.py watches it)
+    extra = {"_metrics_export_port": cfg.run.metrics_export_port} if cfg.run.metrics_export_port else {}
     # glibc gives each thread its own malloc arena; PyTorch's varying-size CPU buffers in
     # Ray's many-threaded workers then fragment memory badly. Two arenas keep RSS flat.
-    extra = {"_metrics_export_port": cfg.run.metrics_export_port} if cfg.run.metrics_export_port else {}
     env = {**plugins, "env_vars": {"MALLOC_ARENA_MAX": "2", **plugins.get("env_vars", {})}}
     # address "local": a Ray of this run's own even where `ray start` left a cluster on the
     # machine, which a bare ray.init() would join (and then refuse num_cpus)
