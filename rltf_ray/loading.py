@@ -218,6 +218,7 @@ def build_config(data: dict) -> Config:
     load_plugins(plugins)
     cfg = expand_rounds(_build(Config, data, ""))
     check_task_name(cfg.task.name)
+    check_reward_funcs(cfg.task)
     validate(cfg)
     check_critic_module(cfg)
     return cfg
@@ -249,6 +250,18 @@ def check_task_name(name: str) -> None:
         raise ConfigError(f"task.name: task '{name}' is defined in the script being run (__main__), which "
                           "Ray workers cannot import; move it to a module of its own and list that "
                           "module under `plugins:` (or --plugin)")
+
+
+def check_reward_funcs(task) -> None:
+    """task.reward_funcs name importable functions of a reward function's shape, and
+    task.correct_from one of them: a missing module or a wrong signature fails here, before
+    Ray starts, as building the task would later."""
+    from rltf_ray.tasks.rewards import correct_index, resolve
+
+    for ref in task.reward_funcs:
+        resolve(ref)
+    if task.reward_funcs:
+        correct_index(list(task.reward_funcs), task.correct_from)
 
 
 def config_from_dict(data: dict) -> Config:
