@@ -31,8 +31,8 @@ PHASES = ("rollout", "train", "sync", "step")
 
 
 def run_tag(out: Path) -> str:
-    """A run's name in TensorBoard's, MLflow's and W&B's run lists and the `run` tag of its Ray
-    metrics: the output folder's last part, and a short hash of its whole absolute path, so
+    """A run's name in MLflow's and W&B's run lists and the `run` tag of its Ray metrics: the
+    output folder's last part, and a short hash of its whole absolute path, so
     that `a/seed0` and `b/seed0` (or every Tune trial's `.../rltf`) stay apart, while a run
     resumed in its folder keeps its name."""
     path = str(Path(out).resolve())
