@@ -80,6 +80,33 @@ def test_the_death_messages_name_each_cause():
     assert reason_from_message("") == "UNKNOWN"
 
 
+@pytest.mark.parametrize("deployed, lease, held, deletes", [
+    (True, None, None, True),  # a Ray of the run's own: no reaper, the app is the run's alone
+    (True, "lease", "last", True), (True, "lease", "unheld", True), (True, "lease", "others", False),
+    (False, "lease", "last", True), (False, "lease", "others", False), (False, "lease", "unheld", False),
+    (False, None, None, False),  # attached to an app no run deployed
+])
+def test_a_runs_stop_deletes_its_critic_app_only_when_no_other_run_holds_it(monkeypatch, deployed, lease,
+                                                                           held, deletes):
+    from types import SimpleNamespace
+
+    from ray import serve
+
+    from rltf_ray import reaper
+    from rltf_ray.services import Services
+
+    run = object.__new__(Services)  # only what stop() reads of the critic
+    run.critic_params, run.deployed_critic, run.critic_lease = SimpleNamespace(app_name="X"), deployed, lease
+    released, deleted = [], []
+    monkeypatch.setattr(reaper, "release", lambda app, lease: released.append((app, lease)) or held)
+    monkeypatch.setattr(serve, "delete", deleted.append)
+    run.stop()
+    assert released == ([("X", lease)] if lease else []) and deleted == (["X"] if deletes else [])
+    assert run.critic_lease is None and not run.deployed_critic
+    run.stop()  # a second stop does nothing more
+    assert len(deleted) == deletes
+
+
 # -- on real Ray: leases, their deaths and the reaper's answers --------------------------
 DRIVER = """
 import sys
