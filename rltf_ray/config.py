@@ -83,11 +83,8 @@ class TaskConfig:
                               f"reward function), got {w!r}")
         if not math.isfinite(self.correct_threshold):
             raise ConfigError("task.correct_threshold: must be a finite number")
-        from rltf_ray.tasks.rewards import correct_index, resolve
-
-        for ref in self.reward_funcs:  # a missing module or a wrong signature fails here, before start
-            resolve(ref)
-        correct_index(list(self.reward_funcs), self.correct_from)
+        # the functions themselves are resolved where the task is built (loading.build_config
+        # checks them before a run starts): the config holds their names only
 
 
 @dataclass(frozen=True)

@@ -218,6 +218,7 @@ def build_config(data: dict) -> Config:
     load_plugins(plugins)
     cfg = expand_rounds(_build(Config, data, ""))
     check_task_name(cfg.task.name)
+    check_reward_funcs(cfg.task)
     validate(cfg)
     shipped = ship_main_classes(cfg)
     if shipped:  # the config again, with the generated module among its plugins
@@ -256,6 +257,18 @@ def check_task_name(name: str) -> None:
         raise ConfigError(f"task.name: unknown task '{name}' (known: {', '.join(task_names())}, or "
                           "rg:<reasoning-gym dataset>). A task of your own: register it with "
                           "@rltf_ray.register_task in a module listed under `plugins:` (or --plugin)")
+
+
+def check_reward_funcs(task) -> None:
+    """task.reward_funcs name importable functions of a reward function's shape, and
+    task.correct_from one of them: a missing module or a wrong signature fails here, before
+    Ray starts, as building the task would later."""
+    from rltf_ray.tasks.rewards import correct_index, resolve
+
+    for ref in task.reward_funcs:
+        resolve(ref)
+    if task.reward_funcs:
+        correct_index(list(task.reward_funcs), task.correct_from)
 
 
 def config_from_dict(data: dict) -> Config:

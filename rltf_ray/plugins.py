@@ -22,7 +22,6 @@ import hashlib
 import importlib
 import importlib.util
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -168,12 +167,23 @@ def _installed(path: Path) -> bool:
 def _package_copy(src: Path, name: str) -> str:
     """`src` copied into a package folder `name` (its `__init__.py`), in this user's own
     staging folder, keyed by the file's content: `import name` finds it on a worker."""
-    digest = hashlib.sha1(src.read_bytes()).hexdigest()[:12]
+    content = src.read_bytes()  # hashed and written alike, even if the file changes meanwhile
+    digest = hashlib.sha1(content).hexdigest()[:12]
     user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
     pkg = Path(tempfile.gettempdir()) / f"rltf_ray_plugins-{user}" / digest / name
     if not (pkg / "__init__.py").is_file():
         pkg.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, pkg / "__init__.py")
+        # Runs (Tune trials) starting together stage the same file: each writes a copy of its
+        # own and renames it into place, so no process ever reads or ships a half-written one.
+        # The copy is written beside the package, not in it, which is the folder Ray uploads.
+        fd, tmp = tempfile.mkstemp(dir=pkg.parent, prefix=f".{name}-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(content)
+            os.replace(tmp, pkg / "__init__.py")
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return str(pkg)
 
 
@@ -244,7 +254,13 @@ def with_job_env(env: dict) -> dict:
 
 def _uploaded(env: dict) -> dict:
     """`env` with its local py_modules uploaded to the cluster (gcs:// URIs), the step Ray
-    itself takes for a job's runtime_env in `ray.init` (ray 2.60's internal helper)."""
+    itself takes for a job's runtime_env in `ray.init`.
+
+    Ray's one private call in rltf_ray, on purpose: Ray documents local folders in py_modules
+    for a job's runtime_env only, and refuses them in a task's or an actor's ("only supported
+    at the job level"), while a run on a Ray that is already up (a Tune trial, a notebook) has
+    no job of its own to give them to. tests/test_private_ray.py fails, naming this function,
+    when a Ray upgrade moves the helper or starts taking local folders per actor."""
     import ray
     from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
 

@@ -69,9 +69,11 @@ def init_ray(cfg: Config) -> bool:
     apply_embedded_ray_env()
     # Logical CPUs: engines and trainer workers each hold one; they take turns on the cores.
     n = cfg.run.local_num_cpus or max(8, os.cpu_count() or 1)
+    # ray.init's documented hidden option for `ray start --metrics-export-port`, the only way to
+    # fix the port of a Ray started in-process (tests/test_private_ray.py watches it)
+    extra = {"_metrics_export_port": cfg.run.metrics_export_port} if cfg.run.metrics_export_port else {}
     # glibc gives each thread its own malloc arena; PyTorch's varying-size CPU buffers in
     # Ray's many-threaded workers then fragment memory badly. Two arenas keep RSS flat.
-    extra = {"_metrics_export_port": cfg.run.metrics_export_port} if cfg.run.metrics_export_port else {}
     env = {**plugins, "env_vars": {"MALLOC_ARENA_MAX": "2", **plugins.get("env_vars", {})}}
     # address "local": a Ray of this run's own even where `ray start` left a cluster on the
     # machine, which a bare ray.init() would join (and then refuse num_cpus)
@@ -179,11 +181,14 @@ class Services:
         t = time.perf_counter()
         if crit.attach:
             self.deployed_critic = False
+            # an app another run deployed stays while this run uses it, even if that run ends
+            # first; whoever holds it last deletes it (rltf_ray.reaper)
+            self.critic_lease = None if self.started_ray else reaper.attach(crit.app_name)
         else:
             start_serve(self.cfg.run.serve_http_port)
             # on a Ray that outlives this process, the app goes with it even if this process
-            # dies without stop() (a killed job, a trial's lost node), deploying included:
-            # rltf_ray.reaper
+            # dies without stop() (a killed job, a trial's lost node), deploying included,
+            # unless an attached run still holds it: rltf_ray.reaper
             self.critic_lease = None if self.started_ray else reaper.watch(crit.app_name)
             self.deployed_critic = True  # from here on stop() deletes it, deployed or half so
             serve.run(build_critic_app(self.cfg.task, crit, learned, plugins=self.cfg.plugins),
@@ -304,12 +309,17 @@ class Services:
         if getattr(self, "broker", None) is not None and not (fit is not None and fit.is_alive()):
             ray.kill(self.broker)  # it holds the last step's rows and weights in the object store
             self.broker = None
-        if getattr(self, "deployed_critic", False):
-            if getattr(self, "critic_lease", None) is not None:
-                reaper.release(self.critic_params.app_name, self.critic_lease)
-                self.critic_lease = None
+        lease, deployed = getattr(self, "critic_lease", None), getattr(self, "deployed_critic", False)
+        held = reaper.release(self.critic_params.app_name, lease) if lease is not None else "unheld"
+        self.critic_lease = None
+        # the run that deployed the app deletes it unless another run still holds it; an
+        # attached run, only when it held the app last (an app no run deployed is never deleted)
+        if held == "last" or (deployed and held != "others"):
             serve.delete(self.critic_params.app_name)
-            self.deployed_critic = False
+        elif deployed:
+            log(f"critic app '{self.critic_params.app_name}' stays: another run attached to it still uses "
+                "it (it goes when the last one ends)")
+        self.deployed_critic = False
         if getattr(self, "started_ray", False):
             serve.shutdown()
             ray.shutdown()

@@ -12,6 +12,7 @@ from rltf_ray import metrics as M
 from rltf_ray.errors import ConfigError, DeadCriticError
 from rltf_ray.graph import node_params, node_round
 from rltf_ray.services import log
+from rltf_ray.tracking import run_tag
 
 STAGE_KINDS = ("generate", "critique", "revise", "reward")  # the nodes `rollout` runs as Ray Data stages
 
@@ -35,6 +36,7 @@ class StepRunner:
 
         rows = self.source.rows_for_step(step)
         critic = self.critic_params  # every round calls the same critic app
+        run = run_tag(self.out)  # the stages' gauges carry it, as the driver's do
         ds = ray.data.from_items(rows)
         remote_args = {"runtime_env": self.runtime_env} if self.runtime_env else {}
         for node in (n for n in self.order if n.kind in STAGE_KINDS):
@@ -49,7 +51,7 @@ class StepRunner:
                                               self.cfg.binac.revisions_per_critique,
                                               self.cfg.binac.bilevel_lambda > 0),
                   "reward": lambda: make_reward(self.cfg.task, p, critic)}[node.kind]
-            ds = ds.map_batches(arrow_stage(node.kind, node.name, fn(), node_round(node)),
+            ds = ds.map_batches(arrow_stage(node.kind, node.name, fn(), node_round(node), run),
                                 batch_size=p.batch_size, batch_format="pyarrow", num_cpus=0.1, **remote_args)
         table = concat_blocks(ray.get(list(ds.to_arrow_refs())))
         expected = len(rows) * node_params(self.cfg.node("generate")).n

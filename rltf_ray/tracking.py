@@ -4,11 +4,12 @@
   --logdir outputs/`), written with tensorboardX.
 * MLflow (`run.mlflow: <tracking URI>`) and Weights & Biases (`run.wandb_project: NAME`),
   through their own packages, only when configured: nothing is sent anywhere otherwise.
-* Ray's metrics (`ray.util.metrics` gauges, tagged with the run name), which the Ray
+* Ray's metrics (`ray.util.metrics` gauges, tagged with the run name, `run_tag`), which the Ray
   dashboard and its Prometheus endpoint show (`ray_rltf_*`).
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from pathlib import Path
@@ -29,6 +30,15 @@ GAUGES = {
 PHASES = ("rollout", "train", "sync", "step")
 
 
+def run_tag(out: Path) -> str:
+    """A run's name in MLflow's and W&B's run lists and the `run` tag of its Ray metrics: the
+    output folder's last part, and a short hash of its whole absolute path, so
+    that `a/seed0` and `b/seed0` (or every Tune trial's `.../rltf`) stay apart, while a run
+    resumed in its folder keeps its name."""
+    path = str(Path(out).resolve())
+    return f"{Path(path).name}-{hashlib.sha1(path.encode()).hexdigest()[:6]}"
+
+
 def _numbers(row: dict, prefix: str = "") -> dict[str, float]:
     """The finite numeric values of a (nested) metrics row, flattened with '/'."""
     out = {}
@@ -43,7 +53,7 @@ def _numbers(row: dict, prefix: str = "") -> dict[str, float]:
 class Tracker:
     def __init__(self, run_cfg, out: Path, run_name: str | None = None, stages: tuple[str, ...] = ()):
         """`stages`: the pipeline nodes every rollout row passes (their finished rows are counted)."""
-        self.name = run_name or out.name
+        self.name = run_name or run_tag(out)
         self.stages = stages
         self.writers = []
         if run_cfg.tensorboard:

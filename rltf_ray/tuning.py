@@ -80,16 +80,16 @@ def tune_metrics(row: dict, prefix: str = "") -> dict:
     return out
 
 
-def trial_folder(trainable) -> Path:
+def trial_folder(storage, logdir: str) -> Path:
     """Where a trial's run writes: the trial's own folder in Tune's storage when that is a
-    local path (what `Result.path` names), else the trial's working directory, which Tune
-    copies to storage under `SyncConfig(sync_artifacts=True)`."""
+    local path (what `Result.path` names), else the trial's working directory (`logdir`),
+    which Tune copies to storage under `SyncConfig(sync_artifacts=True)`. `storage`: the
+    StorageContext Tune hands each Trainable, or None outside Tune."""
     import pyarrow.fs
 
-    storage = getattr(trainable, "_storage", None)  # Tune's StorageContext (no public accessor)
     if storage is not None and isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
         return Path(storage.trial_fs_path)
-    return Path(trainable.logdir)
+    return Path(logdir)
 
 
 def tune_trainable(base: RLTFConfig):
@@ -108,8 +108,14 @@ def tune_trainable(base: RLTFConfig):
     base.resolve()  # a bad config fails here, not in every trial
 
     class RLTFTrainable(tune.Trainable):
+        def __init__(self, config: dict | None = None, storage=None):
+            # Tune passes each Trainable its trial's storage (a documented argument of
+            # Trainable's constructor); kept here, since Trainable exposes it to no method
+            self.tune_storage = storage
+            super().__init__(config, storage)
+
         def setup(self, config: dict) -> None:
-            self.out = trial_folder(self) / "rltf"
+            self.out = trial_folder(self.tune_storage, self.logdir) / "rltf"
             self.mine = [*overrides, *(f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}"
                                        for k, v in config.items()),
                          # every trial has its own folder (and, as every run, its own critic app)

@@ -12,6 +12,8 @@ import requests
 import torch
 from safetensors.torch import load_file
 
+from rltf_ray.tracking import run_tag
+
 from rltf_ray.loading import load_config
 from rltf_ray.graph import KINDS
 from rltf_ray.runner import Pipeline
@@ -111,7 +113,7 @@ def run(tmp_path_factory, tiny_path):
         ray.kill(fresh)
         yield dict(out=out, cfg=cfg, summary=summary, before=before, after=after,
                    from_ckpt=from_ckpt, gen=gen, http=http, scraped=scraped, apps=apps, actors=actors,
-                   run_name=out.name, app=app)
+                   run_name=run_tag(out), app=app)
     finally:
         p.stop()
 

@@ -16,15 +16,16 @@ class StageError(StageFailure):
 
 class _RowMetrics:
     """Rows in flight per stage, a Ray gauge (`ray_rltf_stage_rows_in_flight`) for watching a
-    long step live. Each Ray Data worker process reports its own (Ray tags it with the
-    worker), so a dashboard sums over workers by `stage`. Ray exports it periodically and keeps
+    long step live, tagged with the run (`tracking.run_tag`) and the stage. Each Ray Data
+    worker process reports its own (Ray tags it with the worker), so a dashboard sums over
+    workers by `run` and `stage`. Ray exports it periodically and keeps
     a value for two report intervals: a worker that Ray stopped between exporting a batch's
     rows and exporting their return leaves that count on view until it ages out. The rows each
     stage finished are therefore counted by the driver (`ray_rltf_stage_rows`,
     rltf_ray.tracking)."""
 
     def __init__(self):
-        self.in_flight: dict[str, int] = {}
+        self.in_flight: dict[tuple[str, str], int] = {}  # (run, stage) -> rows
         self.gauge = None
 
     def _ensure(self) -> bool:
@@ -33,43 +34,45 @@ class _RowMetrics:
                 from ray.util.metrics import Gauge
 
                 self.gauge = Gauge("rltf_stage_rows_in_flight", "rltf_ray: rows inside a pipeline stage",
-                                   tag_keys=("stage",))
+                                   tag_keys=("run", "stage"))
             except Exception:  # outside a Ray worker there is no metrics agent; the stage still runs
                 return False
         return True
 
-    def add(self, node: str, n: int) -> None:
-        self.in_flight[node] = self.in_flight.get(node, 0) + n
+    def add(self, run: str, node: str, n: int) -> None:
+        key = (run, node)  # a worker process may serve the stages of two runs
+        self.in_flight[key] = self.in_flight.get(key, 0) + n
         if self._ensure():
-            self.gauge.set(self.in_flight[node], tags={"stage": node})
+            self.gauge.set(self.in_flight[key], tags={"run": run, "stage": node})
 
 
 ROWS = _RowMetrics()
 
 
-def arrow_stage(kind: str, node: str, fn: Callable[[list[dict]], list[dict]], round: int = 1):
-    """Wrap a row-list function as an Arrow batch function that enforces the column contract."""
+def arrow_stage(kind: str, node: str, fn: Callable[[list[dict]], list[dict]], round: int = 1, run: str = ""):
+    """Wrap a row-list function as an Arrow batch function that enforces the column contract;
+    `run` tags its rows-in-flight gauge."""
     reads, writes = columns(kind, round)
 
-    def run(batch: pa.Table) -> pa.Table:
+    def stage(batch: pa.Table) -> pa.Table:
         missing = [c for c in reads if c not in batch.column_names]
         if missing:
             raise StageError(f"node '{node}' ({kind}): input batch lacks columns {missing}")
         n = batch.num_rows
-        ROWS.add(node, n)
+        ROWS.add(run, node, n)
         try:
             rows = fn(batch.to_pylist())
         except BaseException:
-            ROWS.add(node, -n)
+            ROWS.add(run, node, -n)
             raise
-        ROWS.add(node, -n)
+        ROWS.add(run, node, -n)
         for r in rows[:1]:
             absent = [c for c in writes if c not in r]
             if absent:
                 raise StageError(f"node '{node}' ({kind}): stage did not write columns {absent}")
         return pa.Table.from_pylist(rows)
 
-    return run
+    return stage
 
 
 def concat_blocks(tables: list[pa.Table]) -> pa.Table:
