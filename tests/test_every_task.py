@@ -14,24 +14,12 @@ from rltf_ray.runner import Pipeline
 
 pytestmark = pytest.mark.integration
 
-TASKS = ["arithmetic", "math", "convention", "knights_knaves", "binary_matrix", "shortest_path"]
-
-
-@pytest.fixture(scope="module")
-def ray_once():
-    """One Ray for every task's pipeline: each joins it, as runs join a cluster."""
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    from ray import serve
-
-    serve.shutdown()
-    ray.shutdown()
+# arithmetic trains in every integration module, knights_knaves (with sft) in test_presets.py
+TASKS = ["math", "convention", "binary_matrix", "shortest_path"]
 
 
 @pytest.mark.parametrize("name", TASKS)
-def test_a_task_runs_through_its_revision(ray_once, tmp_path, name):
+def test_a_task_runs_through_its_revision(shared_ray, tmp_path, name):
     cfg = load_config("pipelines/configs/tiny.yaml",
                       [f"task.name={name}", "task.params={}", "run.steps=1", "run.eval_before_after=false",
                        f"run.output_dir={tmp_path}", "pipeline.first_turn.n=2", "pipeline.first_turn.max_tokens=16",

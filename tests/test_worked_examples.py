@@ -80,7 +80,7 @@ def test_the_verl_example_trains_a_step_from_the_wheel(installed):
     folder = copy_and_make_data(env, tmp, "verl_gsm8k")
     got = rltf(env, folder, "run", "--config", "config.yaml", "run.serve_http_port=8175", *SMALL,
                "pipeline.critic.judge_model=tiny", "pipeline.critic.judge_max_tokens=16",
-               "pipeline.critic.judge_max_model_len=512", "pipeline.critic.judge_kv_cache_gib=0.5")
+               "pipeline.critic.judge_max_model_len=2048", "pipeline.critic.judge_kv_cache_gib=0.5")
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
     out = folder / "outputs" / "verl_gsm8k"
     rows = pq.read_table(out / "rollouts" / "step_0.parquet").to_pylist()
