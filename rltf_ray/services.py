@@ -321,7 +321,9 @@ class Services:
                 "it (it goes when the last one ends)")
         self.deployed_critic = False
         if getattr(self, "started_ray", False):
-            serve.shutdown()
+            # the in-process Ray goes, and Serve with it: serve.shutdown() first would kill
+            # Serve's controller under this driver's open long-poll calls, and the raylet
+            # would print each failed call as a retried task after a clean run
             ray.shutdown()
             self.started_ray = False
 
