@@ -53,6 +53,7 @@ def test_mismatch_grid_a_matched_learner_agrees_with_its_sampler():
     assert matched < 1e-4 and matched < mismatched
 
 
+@pytest.mark.slow  # ~1-2 min on 2 cores: `make test-all`
 def test_compare_single_turn_step_against_the_hand_written_loop():
     out = bench("bench_compare.py", *SMALL, "--parts", "single")
     got = {r[0]: r[1:] for r in table(out)}

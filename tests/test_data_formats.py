@@ -310,9 +310,12 @@ def test_trl_rows_a_trl_reward_function_and_a_plugin_critic_train_from_outside_t
             assert tok.decode(r["revision_prompt_ids"]).startswith(tok.decode(r["prompt_ids"])[:40])
     metrics = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0]
-    # one call per batch, as TRL calls them: every answer scored once, in calls of several
+    # one call per batch, as TRL calls them: every first answer and revision scored once, and
+    # the critiqued answers once more by the plugin critic (it scores with the task), in calls
+    # of several
     calls = [int(x) for x in (tmp_path / "calls.txt").read_text().split()]
-    assert sum(calls) == len(table) + sum(r["revised"] for r in table) and len(calls) < sum(calls) / 2
+    asked, revised = sum(r["critique_asked"] for r in table), sum(r["revised"] for r in table)
+    assert sum(calls) == len(table) + asked + revised and len(calls) < sum(calls) / 2
     assert metrics[0]["first_turn_accuracy"] == pytest.approx(sum(r["correct_first"] for r in table) / 16)
 
 

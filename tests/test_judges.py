@@ -242,6 +242,7 @@ def test_llm_judge_deployment_batches_and_serves_http(tiny_path, judge_ray):
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # ~1-2 min on 2 cores: `make test-all`; the judge path is tested with llm_judge above
 def test_openai_critic_against_local_vllm_server(tiny_path, tmp_path, judge_ray):
     import ray
     from ray import serve

@@ -19,7 +19,8 @@ PRESETS = sorted(f.stem for f in PRESET_DIR.glob("*.yaml"))
 # sd_second_turn by its baseline tests, the Bi-NAC presets by tests/test_binac.py and test_bilevel.py.
 # grpo_multi (with the KL term) runs in the three-turn test and sft in the puzzle test, each
 # checked by check_step too, to save a pipeline start-up apiece.
-ONE_STEP = ["grpo_single", "rltf_sd_fm", "fixed_critic"]
+# fixed_critic (the learned critic's engines, frozen) is `make test-all`: tests/test_binac.py runs them
+ONE_STEP = ["grpo_single", "rltf_sd_fm", pytest.param("fixed_critic", marks=pytest.mark.slow)]
 
 
 def test_the_paper_presets_and_the_binac_presets_exist():

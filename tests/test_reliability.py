@@ -93,6 +93,7 @@ def test_a_killed_driver_resumes_from_its_last_checkpoint(tmp_path, tiny_path):
         assert rebuilt[key] == before[key], key
 
 
+@pytest.mark.slow  # ~2-4 min on 2 cores: `make test-all`; the killed driver's resume stays in `make test`
 def test_a_killed_training_worker_then_a_killed_engine_are_restarted(tmp_path, tiny_path):
     """One run, two failures (one pipeline start instead of two). SIGKILL a Ray Train worker
     after step 1: FailureConfig restarts the worker group from the last checkpoint. Then,
