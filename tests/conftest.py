@@ -156,3 +156,62 @@ def undocumented_keys(record: dict, section: str) -> list[str]:
     keys = [k for b in bodies for k in re.findall(r"^\| `([^`]+)` \|", b, flags=re.M)]
     pats = [re.compile(re.escape(k).replace(re.escape("<k>"), r"\d+") + "$") for k in keys]
     return sorted(k for k in record if not any(p.match(k) for p in pats))
+
+
+def head_node(gcs_port: int, dashboard_port: int, **extra_env) -> dict:
+    """Start a Ray head node of this test's own (`ray start --head`); the environment whose
+    RAY_ADDRESS-free PATH reaches it. Stop it with `stop_head(gcs_port)`."""
+    import subprocess
+    import sys
+
+    bin_dir = Path(sys.executable).parent
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", RAY_AUTH_MODE="disabled", **extra_env)
+    env.pop("RAY_ADDRESS", None)
+    # Ray's per-node agents listen on fixed default ports (52365 for the dashboard agent, which
+    # runs jobs): another Ray on the machine (a training run) would hold them, and this head
+    # would then have no job agent. Free ports of its own avoid that.
+    agents = [f"--{flag}={free_port()}" for flag in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                                      "metrics-export-port", "runtime-env-agent-port")]
+    subprocess.run([str(bin_dir / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs_port}",
+                    "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--num-cpus=8",
+                    "--disable-usage-stats", *agents], check=True, env=env, capture_output=True, timeout=180)
+    return env
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_head(gcs_port: int) -> None:
+    """Stop the head node a test started, and only it: `ray stop --force` would kill every
+    Ray process of the machine, a training run's beside the test included. Its processes are
+    the ones whose command line names its GCS port."""
+    import re
+    import signal
+    import time
+
+    mark = re.compile(rf"[:=]{gcs_port}\b")  # --gcs-address=<node ip>:PORT, --gcs_server_port=PORT, --port=PORT
+    current = Path("/tmp/ray/ray_current_cluster")  # what a later ray.init() would connect to
+    if current.is_file() and mark.search(":" + current.read_text().strip().rpartition(":")[2]):
+        current.unlink()
+    for _ in range(30):
+        found = []
+        for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if pid != os.getpid() and mark.search(cmd):
+                found.append(pid)
+        if not found:
+            return
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(1)

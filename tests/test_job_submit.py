@@ -9,64 +9,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import critic_plugin  # noqa: E402
+from conftest import critic_plugin, head_node, stop_head  # noqa: E402
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-
-
-def head_node(**extra_env) -> dict:
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", RAY_AUTH_MODE="disabled", **extra_env)
-    env.pop("RAY_ADDRESS", None)
-    # Ray's per-node agents listen on fixed default ports (52365 for the dashboard agent, which
-    # runs jobs): another Ray on the machine (a training run) would hold them, and this head
-    # would then have no job agent. Free ports of its own avoid that.
-    agents = [f"--{flag}={free_port()}" for flag in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-                                                      "metrics-export-port", "runtime-env-agent-port")]
-    subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address=127.0.0.1", "--port=6391",
-                    "--dashboard-host=127.0.0.1", "--dashboard-port=8276", "--num-cpus=8",
-                    "--disable-usage-stats", *agents], check=True, env=env, capture_output=True, timeout=180)
-    return env
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stop_head() -> None:
-    """Stop the head node this test started, and only it: `ray stop --force` would kill every
-    Ray process of the machine, a training run's beside the test included. Its processes are
-    the ones whose command line names its GCS port."""
-    import signal
-
-    import re
-
-    mark = re.compile(r"[:=]6391\b")  # --gcs-address=<node ip>:6391, --gcs_server_port=6391, --port=6391
-    current = Path("/tmp/ray/ray_current_cluster")  # what a later ray.init() would connect to
-    if current.is_file() and mark.search(":" + current.read_text().strip().rpartition(":")[2]):
-        current.unlink()
-    for _ in range(30):
-        found = []
-        for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if pid != os.getpid() and mark.search(cmd):
-                found.append(pid)
-        if not found:
-            return
-        for pid in found:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(1)
+GCS_PORT, DASHBOARD_PORT = 6391, 8276
 
 
 # says what of the job's runtime_env reached its Serve replica
@@ -77,7 +25,7 @@ JOB_CRITIC = critic_plugin("job_env_critic", "f\"job var {os.environ.get('RLTF_J
 def test_ray_job_submit_runs_the_pipeline(tmp_path):
     """A job with a runtime_env of its own (py_modules, env vars) and a plugin critic: the
     plugin does not clash with the job's py_modules, and its Serve replica keeps the job's."""
-    env = head_node()
+    env = head_node(GCS_PORT, DASHBOARD_PORT)
     ray_cli = str(BIN / "ray")
     lib = tmp_path / "job_lib_mod"
     lib.mkdir()
@@ -111,11 +59,11 @@ def test_ray_job_submit_runs_the_pipeline(tmp_path):
                      if r["critique"]}
         assert critiques == {"job var seen lib 41"}, critiques
     finally:
-        stop_head()
+        stop_head(GCS_PORT)
 
 
 def test_serve_deploy_config_serves_the_critic_over_http():
-    env = head_node(PYTHONPATH=str(ROOT))  # the config's import path must be importable
+    env = head_node(GCS_PORT, DASHBOARD_PORT, PYTHONPATH=str(ROOT))  # the config's import path must be importable
     try:
         dep = subprocess.run([str(BIN / "serve"), "deploy", "serve/critic.yaml", "-a", "http://127.0.0.1:8276"],
                              env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -138,4 +86,4 @@ def test_serve_deploy_config_serves_the_critic_over_http():
                                 capture_output=True, text=True, timeout=60)
         assert "rltf_critic" in status.stdout and "RUNNING" in status.stdout
     finally:
-        stop_head()
+        stop_head(GCS_PORT)
