@@ -143,17 +143,20 @@ def test_runs_that_die_restart_and_share_names_never_touch_each_others_critic(tm
     assert a_gone is not None and a_gone - ends[a_app] < 60
     # each live run's app was there from its first sight until its last step's metrics
     # (its own stop() deletes it after that); A's until it was killed
-    wrongly = 0
+    live = {}  # run: (its app, first seen, end of its use)
     for log, out in (("b.log", b_out), ("a2.log", a_out), ("c.log", tmp_path / "c")):
         app = app_of(tmp_path / log)
-        first = min(t for t, apps in watch.seen if app in apps and t > (ends[a_app] if log == "c.log" else 0))
-        wrongly += watch.gaps(app, first, (out / "metrics.jsonl").stat().st_mtime)
-    first_a = min(t for t, apps in watch.seen if a_app in apps)
-    wrongly += watch.gaps(a_app, first_a, ends[a_app] - 1)
+        # C's app has the name A's had: C's is the one seen after A's went
+        first = min(t for t, apps in watch.seen if app in apps and t > (a_gone if log == "c.log" else 0))
+        live[log] = (app, first, (out / "metrics.jsonl").stat().st_mtime)
+    live["a.log"] = (a_app, min(t for t, apps in watch.seen if a_app in apps), ends[a_app] - 1)
+    gaps = {run: watch.gaps(*span) for run, span in live.items()}
+    wrongly = sum(gaps.values())
+    (tmp_path / "apps_seen.txt").write_text("".join(f"{t:.1f} {sorted(apps)}\n" for t, apps in watch.seen))
     for out, name in ((b_out, "critic_b"), (a_out, "critic_a"), (tmp_path / "c", "critic_c")):
         own_critiques(out, name)
     for trial in (tmp_path / "tune" / "churn").glob("*/rltf"):
         own_critiques(trial, "critic_t")
     print(f"churn: 6 runs (A killed and resumed, B, C, 2 Tune trials), {kills} kill, {len(leaked)} apps leaked, "
           f"{wrongly} polls without a live run's app")
-    assert leaked == [] and wrongly == 0
+    assert leaked == [] and wrongly == 0, (gaps, live, tmp_path / "apps_seen.txt")
