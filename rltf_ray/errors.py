@@ -21,19 +21,43 @@ class StageFailure(RuntimeError):
     or the function), the row and the exception: the line a failed run ends with."""
 
 
+def _subclasses(cls: type) -> set[str]:
+    out = set()
+    for sub in cls.__subclasses__():
+        out |= {sub.__name__} | _subclasses(sub)
+    return out
+
+
 def cause_line(exc: BaseException) -> str:
     """The one line that says why a run failed. Ray Data and Ray wrap an error raised in a
     stage several times (RayTaskError, UserCodeException, ...) and end with their own advice;
-    the line names the first `StageFailure` in the chain, else the innermost exception."""
+    the line names the innermost `StageFailure` in the chain, else the innermost exception.
+    A remote error crosses processes pickled, which drops Python's chain: what is left of the
+    original is the text of Ray's copy of its traceback, read for a StageFailure's line."""
     seen, chain, e = set(), [], exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         chain.append(e)
         # RayTaskError keeps the remote exception in `cause`; Python's chain in __cause__
-        e = getattr(e, "cause", None) if isinstance(getattr(e, "cause", None), BaseException) else (
-            e.__cause__ or e.__context__)
+        # (and __context__, unless `raise ... from None` hid it)
+        cause = getattr(e, "cause", None)
+        e = cause if isinstance(cause, BaseException) else (
+            e.__cause__ or (None if e.__suppress_context__ else e.__context__))
     # the innermost: outer ones are Ray's copies of it or a stage's wrapper of a function's
     named = [x for x in chain if isinstance(x, StageFailure)]
-    last = named[-1] if named else chain[-1]
+    if named:
+        last = named[-1]
+        text = str(last).strip().splitlines()
+        return f"{type(last).__name__}: {text[0] if text else '(no message)'}"
+    import re
+
+    # plain class names only: Ray's dual classes ("RayTaskError(RewardFunctionError)") are
+    # subclasses too
+    names = "|".join(sorted(n for n in _subclasses(StageFailure) | {"StageFailure"} if n.isidentifier()))
+    line = re.compile(rf"^(?:[\w.]+\.)?({names}): (.+)$", re.M)
+    found = [m for x in chain for m in line.finditer(f"{getattr(x, 'traceback_str', '')}\n{x}")]
+    if found:
+        return f"{found[-1].group(1)}: {found[-1].group(2).strip()}"
+    last = chain[-1]
     text = str(last).strip().splitlines()
     return f"{type(last).__name__}: {text[0] if text else '(no message)'}"

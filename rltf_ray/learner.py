@@ -78,6 +78,10 @@ def build_model(model_path: str, cfg: Config):
         for m in model.modules():
             if isinstance(m, torch.nn.Dropout):
                 m.p = 0.0
+            if isinstance(getattr(m, "attention_dropout", None), float):  # functional, in the attention call
+                m.attention_dropout = 0.0
+        if hasattr(model.config, "attention_dropout"):
+            model.config.attention_dropout = 0.0
         model.train()
     lora = cfg.trainer.lora
     if lora:

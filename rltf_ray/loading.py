@@ -237,8 +237,11 @@ def ship_main_classes(cfg: Config) -> str | None:
 
     critic = cfg.node("critique").params.get("critic", "programmatic")
     tasks = {cfg.task.name: task_class(cfg.task.name)} if not cfg.task.name.startswith("rg:") else {}
-    tasks = {k: c for k, c in tasks.items() if c.__module__ == "__main__"}
-    critics = {critic: get_critic(critic)} if get_critic(critic).__module__ == "__main__" else {}
+    def from_main(cls) -> bool:  # a class shipped already (a resumed run's) stays as it is
+        return cls.__module__ == "__main__" and not getattr(cls, "_rltf_shipped", False)
+
+    tasks = {k: c for k, c in tasks.items() if from_main(c)}
+    critics = {critic: get_critic(critic)} if from_main(get_critic(critic)) else {}
     if not tasks and not critics:
         return None
     from rltf_ray.shipping import ship_by_value

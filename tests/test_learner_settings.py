@@ -44,7 +44,7 @@ def test_mini_batches_split_a_step_the_same_on_every_rank():
     assert sum(parts, []) != ex  # shuffled: each optimizer step a mix of the step's terms
 
 
-def test_bf16_weights_and_gradient_checkpointing_in_the_learners_model(tiny_path):
+def test_bf16_weights_and_gradient_checkpointing_in_the_learners_model(tiny_path, tmp_path):
     from rltf_ray.learner import build_model
 
     cfg = load_config(TINY, ["trainer.bf16=false"])
@@ -57,6 +57,20 @@ def test_bf16_weights_and_gradient_checkpointing_in_the_learners_model(tiny_path
         assert torch.equal(a.detach().to(torch.bfloat16), b.detach()), name
     ckpt = build_model(tiny_path, load_config(TINY, ["trainer.bf16=false", "trainer.gradient_checkpointing=true"]))
     assert ckpt.is_gradient_checkpointing and not fp32.is_gradient_checkpointing
+    # in training mode for checkpointing, with no dropout anywhere, even in a model whose
+    # config asks for attention dropout: modules, the attention call, the config
+    import json
+    import shutil
+
+    drop = tmp_path / "tiny_dropout"
+    shutil.copytree(tiny_path, drop)
+    conf = json.loads((drop / "config.json").read_text())
+    (drop / "config.json").write_text(json.dumps({**conf, "attention_dropout": 0.1}))
+    dropped = build_model(str(drop), load_config(TINY, ["trainer.bf16=false", "trainer.gradient_checkpointing=true"]))
+    attn = [m for m in dropped.modules() if hasattr(m, "attention_dropout")]
+    assert dropped.training and dropped.config.attention_dropout == 0.0 and attn
+    assert all(m.attention_dropout == 0.0 for m in attn)
+    assert all(m.p == 0.0 for m in dropped.modules() if isinstance(m, torch.nn.Dropout))
     ids = torch.tensor([[1, 5, 9, 13, 2, 7, 11, 3]])
     grads, saved = [], []
     for model in (fp32, ckpt):  # as build_model returns them: no train() of the test's own

@@ -186,6 +186,11 @@ def test_a_task_or_critic_defined_in_main_ships_by_value(code, override, kind, n
                          timeout=120)
     shipped = out.stdout.split("PLUGINS ")[-1].strip()
     assert out.returncode == 0 and shipped.startswith(str(tmp_path / "rltf_main_")), out.stderr[-2000:]
+    # a resumed run (its saved config lists the shipped module) ships nothing a second time
+    again = (f"from rltf_ray.loading import load_config\n"
+             f"cfg = load_config({TINY!r}, [{override!r}], plugins=[{shipped!r}])\nprint('PLUGINS', cfg.plugins)\n")
+    out = subprocess.run([sys.executable, "-c", again], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert out.stdout.split("PLUGINS ")[-1].strip() == repr([shipped]), out.stderr[-2000:]
     worker = ("from rltf_ray.plugins import load_plugin\n"
               f"load_plugin({shipped!r})\n"
               "from rltf_ray.tasks import task_class\nfrom rltf_ray.critics import get_critic\n"

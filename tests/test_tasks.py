@@ -214,5 +214,7 @@ def test_the_math_critique_says_what_is_off_in_the_final_answer():
                                               "exactly one. It is too large."),
         "twelve": "Your answer could not be read. Put your final answer inside \\boxed{}.",
     }
+    # not a finite number: no comparison, and no crash
+    assert math.critique("\\boxed{inf}", meta) == "Your answer inf is incorrect. Give the answer as a single number."
     # a symbolic reference: no numeric hint, the verdict alone
     assert math.critique("\\boxed{x}", {"question": "q", "answer": "\\frac{\\pi}{2}"}) == "Your answer x is incorrect."

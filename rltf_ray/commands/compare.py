@@ -48,13 +48,22 @@ def run_args(args, preset: str, seed: int, out: Path) -> list[str]:
             f"run.output_dir={out}", *args.overrides]
 
 
+def run_env() -> dict:
+    """The runs' environment: this one, with the library importable from any folder (a
+    checkout that was never installed has it only on this process's sys.path)."""
+    import os
+
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), path]))}
+
+
 def run_local(args, preset: str, seed: int, out: Path) -> None:
     log = out.parent / f"{out.name}.log"
     cmd = [*RUN, *run_args(args, preset, seed, out)]
     print(f"[compare] {preset} seed {seed}: running (log {log})", flush=True)
     t = time.perf_counter()
     with open(log, "w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=run_env()).returncode
     if rc == DEAD_CRITIC_EXIT and stopped_by_guard(preset, seed, out):
         drop_resume_state(args, out)
         return
@@ -111,7 +120,7 @@ def run_cluster(args, todo: list[tuple[str, int, Path]], address: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="rltf-ray compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", required=True)
     ap.add_argument("--presets", required=True, help="comma-separated preset names")
     ap.add_argument("--seeds", type=int, default=3, help="how many seeds")
@@ -144,7 +153,7 @@ def main(argv=None) -> int:
     if args.seeds < 1 or args.first_seed < 0:
         print("--seeds must be >= 1 and --first-seed >= 0", file=sys.stderr)
         return 2
-    root = Path(args.results) / args.name
+    root = Path(args.results).resolve() / args.name  # absolute: a cluster's jobs run in other folders
     (root / "runs").mkdir(parents=True, exist_ok=True)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     if args.variant and not args.variant.replace("-", "").isalnum():

@@ -39,8 +39,8 @@ def example_main(argv=None) -> int:
         print(f"example: no example {args.name!r} (there are: {', '.join(known)})", file=sys.stderr)
         return 2
     dest = Path(args.dir or args.name)
-    if dest.exists() and any(dest.iterdir()):
-        print(f"example: {dest} exists and is not empty; name a new folder", file=sys.stderr)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        print(f"example: {dest} exists and is not an empty folder; name a new one", file=sys.stderr)
         return 2
     # symlinks=False: shared helpers are links in the source tree and plain files in the copy
     shutil.copytree(FILES / args.name, dest, dirs_exist_ok=True, symlinks=False,

@@ -31,7 +31,8 @@ from rltf_ray.loading import load_config
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Supervised warm start on task and revision demonstrations.")
+    ap = argparse.ArgumentParser(prog="rltf-ray warmstart",
+                                 description="Supervised warm start on task and revision demonstrations.")
     ap.add_argument("--config", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--format-demos", type=int, default=0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import threading
 from pathlib import Path
 
@@ -58,17 +59,14 @@ def boxed_answers(text: str) -> list[str]:
 
 
 def _number(text: str) -> float | None:
+    """`text` as a finite number ("1,200", "$5", "3/4"), or None."""
     text = text.replace(",", "").replace("$", "").strip()
-    if "/" in text:
-        num, _, den = text.partition("/")
-        try:
-            return float(num) / float(den)
-        except (ValueError, ZeroDivisionError):
-            return None
+    num, _, den = text.partition("/")
     try:
-        return float(text)
-    except ValueError:
+        value = float(num) / float(den) if den else float(text)
+    except (ValueError, ZeroDivisionError, OverflowError):
         return None
+    return value if math.isfinite(value) else None  # "inf", "nan", 400 digits: no number to compare
 
 
 def numeric_hint(answer: str, gold: str) -> str:
