@@ -46,8 +46,10 @@ def test_a_task_runs_through_its_revision(shared_ray, tmp_path, name):
         assert fixed in x1 and "{critique}" not in x1
         assert r["revision_ids"]
     # the learner's examples: each trains on an answer this rollout sampled, after its prompt
-    examples, stats = build_examples(rows, cfg, tok)
-    assert len(examples) == sum(stats[f"examples_{t}"] for t in ("rl0", "rl1", "sd", "fm", "sft"))
+    examples, _ = build_examples(rows, cfg, tok)
+    terms = [e.term for e in examples]  # one RL0 per answer; per revision one SD (and RL1)
+    assert cfg.loss.lambda_sd > 0 and terms.count("rl0") == len(rows) and terms.count("sd") == len(revised)
+    assert terms.count("rl1") == (len(revised) if cfg.loss.turn1_rl else 0)
     sampled = {tuple(r["response_ids"]) for r in rows} | {tuple(r["revision_ids"]) for r in revised}
     prompts = {tuple(r["prompt_ids"]) for r in rows} | {tuple(r["revision_prompt_ids"]) for r in revised}
     for e in examples:
