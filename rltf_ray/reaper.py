@@ -84,6 +84,8 @@ class Holds:
         if leases:
             return "others"
         pinned = self._forget(app)
+        if mine and not pinned:  # the caller deletes it: until `deleted`, no run attaches to it
+            self.deleting.add(app)
         return "others" if pinned else "last" if mine else "unheld"
 
     def dead(self, app: str, lease_id: str, run_ended: bool) -> str:
@@ -191,6 +193,10 @@ class CriticReaper:
 
     async def release(self, app: str, lease_id: str) -> str:
         return self.holds.release(app, lease_id)
+
+    async def deleted(self, app: str) -> None:
+        """A run that released `app` last has deleted it: the name is free again."""
+        self.holds.deleted(app)
 
     async def watching(self) -> list[str]:
         return self.holds.apps()
@@ -304,3 +310,11 @@ def release(app: str, held: Held) -> str:
         answer = "unheld"
     ray.kill(held.lease)
     return answer
+
+
+def deleted(app: str) -> None:
+    """Tell the reaper that `app`, released last by this run, is deleted (see `release`)."""
+    try:
+        ray.get(ray.get_actor(REAPER, namespace=NAMESPACE).deleted.remote(app))
+    except (ValueError, ray.exceptions.RayError):  # no reaper left: nothing remembers the name
+        pass

@@ -316,6 +316,8 @@ class Services:
         # attached run, only when it held the app last (an app no run deployed is never deleted)
         if held == "last" or (deployed and held != "others"):
             serve.delete(self.critic_params.app_name)
+            if held == "last":  # the reaper held the name meanwhile, so no run attached to it
+                reaper.deleted(self.critic_params.app_name)
         elif deployed:
             log(f"critic app '{self.critic_params.app_name}' stays: another run attached to it still uses "
                 "it (it goes when the last one ends)")

@@ -16,6 +16,9 @@ def test_a_stale_snapshot_never_deletes_the_app_a_later_run_deployed_under_the_s
     assert holds.deploy("X", "leaseA")
     snapshot = holds.snapshot()  # the reaper pings these while the runs go on
     assert holds.release("X", "leaseA") == "last"  # run A stops and deletes X itself
+    # until A says it is deleted, no run attaches to X or deploys a new X
+    assert holds.attach("X", "guest") == "deleting" and not holds.deploy("X", "leaseB")
+    holds.deleted("X")
     assert holds.deploy("X", "leaseB")  # run B deploys X again
     [(app, lease_id, _)] = snapshot
     assert holds.dead(app, lease_id, run_ended=True) == "gone"  # A's dead lease, from the old snapshot
