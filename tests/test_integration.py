@@ -83,7 +83,7 @@ def run(tmp_path_factory, tiny_path):
         summary = p.train()
         after = engine_logprobs(p.engines[0], *probe)
         # the run's last values: policy version 2 (gauge lines end with the value)
-        needle = f'run="{out.name}"'
+        needle = f'run="{run_tag(out)}"'
         scraped = ""
         for _ in range(30):
             scraped = scrape_until(f"http://127.0.0.1:{METRICS}/metrics", needle, 30)
