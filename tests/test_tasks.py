@@ -214,6 +214,11 @@ def test_the_math_critique_says_what_is_off_in_the_final_answer():
                                               "exactly one. It is too large."),
         "twelve": "Your answer could not be read. Put your final answer inside \\boxed{}.",
     }
+    # the critic's path (critique_scored) says the same from the score, without verifying again
+    scores = {text: math.score(text, meta) for text in said}
+    math.check = lambda answer, m: (_ for _ in ()).throw(AssertionError("verified twice"))
+    assert {text: math.critique_scored(text, meta, scores[text]) for text in said} == said
+    del math.check
     # not a finite number: no comparison, and no crash
     assert math.critique("\\boxed{inf}", meta) == "Your answer inf is incorrect. Give the answer as a single number."
     # a symbolic reference: no numeric hint, the verdict alone

@@ -143,12 +143,20 @@ class MathTask(FileTask):
             return False
 
     def critique(self, text: str, meta: dict) -> str:
+        answer, _ = self.extract(text)
+        return self._critique(text, meta, answer is not None and self.check(answer, meta))
+
+    def critique_scored(self, text: str, meta: dict, score) -> str:
+        # the verdict is the score's: math-verify (up to verify_timeout_s) is not run twice
+        return self._critique(text, meta, score.correct)
+
+    def _critique(self, text: str, meta: dict, correct: bool) -> str:
         # A verifier cannot explain the reasoning (that is an LLM judge's job), but it can say
         # what about the final answer is off, which helps a revision more than "incorrect".
         answer, _ = self.extract(text)
         if answer is None:
             return "Your answer could not be read. Put your final answer inside \\boxed{}."
-        if self.check(answer, meta):
+        if correct:
             return "Your answer is correct."
         boxed = boxed_answers(text)
         several = (f" You boxed {len(set(boxed))} different answers; box exactly one."
