@@ -235,12 +235,11 @@ def ship_main_classes(cfg: Config) -> str | None:
     from rltf_ray.critics import get_critic
     from rltf_ray.tasks import task_class
 
-    critic = cfg.node("critique").params.get("critic", "programmatic")
-    tasks = {cfg.task.name: task_class(cfg.task.name)} if not cfg.task.name.startswith("rg:") else {}
     def from_main(cls) -> bool:  # a class shipped already (a resumed run's) stays as it is
         return cls.__module__ == "__main__" and not getattr(cls, "_rltf_shipped", False)
 
-    tasks = {k: c for k, c in tasks.items() if from_main(c)}
+    name, critic = cfg.task.name, cfg.node("critique").params.get("critic", "programmatic")
+    tasks = {name: task_class(name)} if not name.startswith("rg:") and from_main(task_class(name)) else {}
     critics = {critic: get_critic(critic)} if from_main(get_critic(critic)) else {}
     if not tasks and not critics:
         return None
