@@ -167,6 +167,11 @@ class Services:
             note_single_worker_zero(self.cfg)
         self.node_memory = NodeMemory().start()
         self.started_ray = init_ray(self.cfg)
+        if self.started_ray:
+            # a Ray started here is empty; what Serve finds is a client cached by an earlier
+            # in-process Ray (a notebook's previous run), whose job id a fresh cluster repeats.
+            # serve.shutdown() drops it (after a few seconds' health check) and stops nothing
+            serve.shutdown()
         # the plugins again for each stage, replica and training worker: a Ray joined as it
         # is has no job-level runtime_env of ours
         self.runtime_env = worker_runtime_env(self.cfg.plugins)
@@ -323,9 +328,10 @@ class Services:
                 "it (it goes when the last one ends)")
         self.deployed_critic = False
         if getattr(self, "started_ray", False):
-            # Serve's shutdown, not only Ray's: it also drops this process's cached Serve client,
-            # which the next build's in-process Ray (a notebook's second run) would find stale
-            serve.shutdown()
+            # Ray's shutdown alone, not Serve's first: serve.shutdown() ray.kills the controller
+            # while its proxy and this process's handle still long-poll it, and every such call
+            # ends as a `(raylet) ... killed by ray.kill` line after a clean run. The cached
+            # Serve client it leaves is dropped by the next in-process start() above
             ray.shutdown()
             self.started_ray = False
 

@@ -55,6 +55,11 @@ def test_the_trl_example_trains_a_step_from_the_wheel(installed):
     folder = copy_and_make_data(env, tmp, "trl_gsm8k")
     got = rltf(env, folder, "run", "--config", "config.yaml", "run.serve_http_port=8174", *SMALL)
     assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-3000:]
+    # a clean run ends cleanly: Serve shut down before Ray left `(raylet) Task
+    # ServeController.listen_for_change failed ... killed by ray.kill` lines after the result
+    alarming = [ln for ln in (got.stdout + got.stderr).splitlines()
+                if "(raylet)" in ln and ("failed" in ln or "Error" in ln)]
+    assert not alarming, alarming
     out = folder / "outputs" / "trl_gsm8k"
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [0]
     rows = pq.read_table(out / "rollouts" / "step_0.parquet").to_pylist()
