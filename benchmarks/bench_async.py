@@ -46,7 +46,7 @@ def pinned_cluster(object_store_gib: float = 2.0):
     """A three-node Ray on this machine; yields its address for the pipeline's RAY_ADDRESS."""
     from ray.cluster_utils import Cluster
 
-    from rltf_ray.services import apply_embedded_ray_env
+    from rltf_ray.ray_start import apply_embedded_ray_env
 
     apply_embedded_ray_env()  # the nodes' processes inherit it, as an embedded Ray's do
     store = int(object_store_gib * 2**30)

@@ -24,7 +24,7 @@ from common import choose  # noqa: E402
 
 # name -> environment
 VARIANTS = {
-    "default": {},  # services.EMBEDDED_RAY_ENV: Serve's control loop every 1 s
+    "default": {},  # ray_start.EMBEDDED_RAY_ENV: Serve's control loop every 1 s
     "serve_loop_0.1s": {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1"},  # Ray's default; EMBEDDED_RAY_ENV sets 1 s
     # Ray's own periodic reports: task events (the dashboard's task view) every 1 s and the
     # raylet's resource view every 0.1 s by default.

@@ -15,7 +15,9 @@ from rltf_ray.provenance import provenance
 from rltf_ray.config import Config, ConfigError
 from rltf_ray.graph import node_params, validate
 from rltf_ray.models import weights_sha256
-from rltf_ray.services import STOP_WAIT_S, Services, log
+from rltf_ray.console import log
+from rltf_ray.learner_run import STOP_WAIT_S
+from rltf_ray.services import Services
 from rltf_ray.sources import PromptSource, calibration_rows, held_out_rows
 from rltf_ray.steps import STAGE_KINDS, StepRunner, no_held_out
 from rltf_ray.tasks import get_task
@@ -173,7 +175,7 @@ class Pipeline(Services, StepRunner):
         # how the run went for the learner (restarts from a checkpoint) and the critic app
         # (batching: requests per batch of the replica that answered)
         summary["trainer"] = ray.get(self.broker.stats.remote())
-        if self.deployed_critic and self.critic_params.max_replicas is None and self.critic_params.num_replicas == 1:
+        if self.critic_app.deployed and self.critic_params.max_replicas is None and self.critic_params.num_replicas == 1:
             from ray import serve
 
             summary["critic_app"] = serve.get_app_handle(self.critic_params.app_name).stats.remote().result()

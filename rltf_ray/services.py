@@ -1,10 +1,10 @@
-"""The long-lived parts of a run: Ray itself, the critic app, the vLLM engines, the step
-broker and the Ray Train learner. Each starts once per run (an engine start costs ~25 s, a
-trainer start ~25 s), and `stop` ends exactly what `start` started."""
+"""The long-lived parts of a run, started once each (an engine start costs ~25 s, a trainer
+start ~25 s) and ended by `stop` exactly as `start` started them: Ray (ray_start.py), the
+critic app (critic_app.py), the vLLM engines, the step broker and the Ray Train learner
+(learner_run.py)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import time
 import uuid
@@ -12,75 +12,17 @@ from pathlib import Path
 
 import yaml
 
-from rltf_ray.config import Config, ConfigError
+from rltf_ray.config import Config
+from rltf_ray.console import log
+from rltf_ray.critic_app import CriticApp, critic_app_name
 from rltf_ray.disk import check_disk
 from rltf_ray.graph import node_params
+from rltf_ray.learner_run import STOP_WAIT_S, prepare_resume, torch_trainer
 from rltf_ray.memory import NodeMemory
 from rltf_ray.models import resolve_model
 from rltf_ray.precision import precision_of, resolved
 from rltf_ray.plugins import worker_runtime_env
-
-LEARNER = "rltf-learner"  # the Ray Train run's name (its checkpoints live under storage_path/LEARNER)
-STOP_WAIT_S = 120  # how long stop() and the end of a run wait for the trainer to finish
-
-
-def log(msg: str) -> None:
-    print(f"[rltf] {msg}", flush=True)
-
-
-# Settings for a Ray started in-process (the test suite's Ray takes them too); an environment
-# variable already set wins.
-EMBEDDED_RAY_ENV = {
-    # On a small, saturated machine Serve's HTTP proxy can take longer than its default 10 s
-    # health-check and 5 s readiness timeouts to answer (or to start), and is then killed;
-    # give it a minute.
-    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
-    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
-    # The controller reconciles every 0.1 s by default: 4% of a core while a run is idle, and
-    # an engine whose two OpenMP threads share two cores with such a load slows by far more
-    # than its share (docs/benchmarks.md). Once a second is enough for one critic app, whose
-    # autoscaler waits tens of seconds before it scales anyway.
-    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "1.0",
-}
-
-
-def apply_embedded_ray_env() -> None:
-    """Put EMBEDDED_RAY_ENV (and no token auth) into this process's environment, for a Ray it
-    is about to start; a variable already set wins. Ray's processes inherit it."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    for k, v in EMBEDDED_RAY_ENV.items():
-        os.environ.setdefault(k, v)
-
-
-def init_ray(cfg: Config) -> bool:
-    """Join RAY_ADDRESS / an existing runtime, or start Ray in-process. True if we started it.
-    In-process, the job's runtime_env carries the config's plugins to every worker. A joined
-    Ray (a submitted job) keeps its job's runtime_env as it is: the plugins then reach each
-    worker through the runtime_env it is started with (`Services.runtime_env`, laid over the
-    job's), so a job's own py_modules, pip or env vars never clash with them."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    plugins = worker_runtime_env(cfg.plugins)
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(log_to_driver=True)
-        return False
-    apply_embedded_ray_env()
-    # Logical CPUs: engines and trainer workers each hold one; they take turns on the cores.
-    n = cfg.run.local_num_cpus or max(8, os.cpu_count() or 1)
-    # ray.init's documented hidden option for `ray start --metrics-export-port`, the only way to
-    # fix the port of a Ray started in-process (tests/test_private_ray.py watches it)
-    extra = {"_metrics_export_port": cfg.run.metrics_export_port} if cfg.run.metrics_export_port else {}
-    # glibc gives each thread its own malloc arena; PyTorch's varying-size CPU buffers in
-    # Ray's many-threaded workers then fragment memory badly. Two arenas keep RSS flat.
-    env = {**plugins, "env_vars": {"MALLOC_ARENA_MAX": "2", **plugins.get("env_vars", {})}}
-    # address "local": a Ray of this run's own even where `ray start` left a cluster on the
-    # machine, which a bare ray.init() would join (and then refuse num_cpus)
-    ctx = ray.init(address="local", num_cpus=n, include_dashboard=True, dashboard_host="127.0.0.1",
-                   runtime_env=env, **extra)
-    log(f"local Ray started in-process; dashboard at http://{ctx.dashboard_url}")
-    return True
+from rltf_ray.ray_start import init_ray
 
 
 def note_single_worker_zero(cfg: Config) -> None:
@@ -93,38 +35,6 @@ def note_single_worker_zero(cfg: Config) -> None:
     if t.num_workers == 1 and stages & {1, 2}:
         log(f"note: ZeRO stage {max(stages & {1, 2})} with one training worker partitions nothing and "
             "keeps an extra fp32 copy of the weights; trainer.zero_stage=0 needs less memory")
-
-
-def critic_app_name(crit, run_id: str, running: set[str]) -> str:
-    """The Serve app name a run's critic lives under (`CritiqueParams.app_name`): its own
-    `rltf_critic_<run id>` unless one is given; a given name must already run with attach and
-    must not with a deployment, which would replace another run's critic in place."""
-    if crit.attach:
-        name = crit.app_name or "rltf_critic"
-        if name not in running:
-            raise RuntimeError(f"critique node: attach=true but no Serve app named '{name}' is running "
-                               f"(running: {', '.join(sorted(running)) or 'none'})")
-        return name
-    if crit.app_name is None:
-        return f"rltf_critic_{run_id}"
-    if crit.app_name in running:
-        raise RuntimeError(f"critique node: a Serve app named '{crit.app_name}' is already running on this "
-                           "cluster (another run's critic?); deploying would replace it. Leave app_name "
-                           "unset for a name of this run's own, or set attach=true to share that app")
-    return crit.app_name
-
-
-def start_serve(port: int) -> None:
-    """Serve on this cluster: started, or joined when it runs already. Two runs starting at
-    the same moment race to create Serve's controller; the loser joins the winner's."""
-    from ray import serve
-
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-    except ValueError as e:  # ray.exceptions.ActorAlreadyExistsError
-        if "SERVE_CONTROLLER_ACTOR" not in str(e):
-            raise
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
 
 
 class Services:
@@ -151,9 +61,7 @@ class Services:
         evaluation alone) the step broker and the learner."""
         from ray import serve
 
-        from rltf_ray import reaper
         from rltf_ray.broker import StepBroker
-        from rltf_ray.stages.critique import build_critic_app
         from rltf_ray.stages.engine import start_engines
 
         if train:
@@ -181,24 +89,10 @@ class Services:
         crit = dataclasses.replace(crit, app_name=critic_app_name(crit, self.run_id,
                                                                   set(serve.status().applications)))
         self.critic_params = crit  # every stage and evaluation calls this app
+        self.critic_app = CriticApp(crit, own_ray=self.started_ray)
         self.critic_engines: list = []
         learned = self._start_critic_engines(crit, train) if crit.critic == "learned" else None
-        t = time.perf_counter()
-        if crit.attach:
-            self.deployed_critic = False
-            # an app another run deployed stays while this run uses it, even if that run ends
-            # first; whoever holds it last deletes it (rltf_ray.reaper)
-            self.critic_lease = None if self.started_ray else reaper.attach(crit.app_name)
-        else:
-            start_serve(self.cfg.run.serve_http_port)
-            # on a Ray that outlives this process, the app goes with it even if this process
-            # dies without stop() (a killed job, a trial's lost node), deploying included,
-            # unless an attached run still holds it: rltf_ray.reaper
-            self.critic_lease = None if self.started_ray else reaper.watch(crit.app_name)
-            self.deployed_critic = True  # from here on stop() deletes it, deployed or half so
-            serve.run(build_critic_app(self.cfg.task, crit, learned, plugins=self.cfg.plugins),
-                      name=crit.app_name, route_prefix=f"/{crit.app_name}")
-        log(f"critic app '{crit.app_name}' ready ({time.perf_counter() - t:.1f}s)")
+        self.critic_app.open(self.cfg.task, learned, self.cfg.plugins, self.cfg.run.serve_http_port)
         t = time.perf_counter()
         b = self.cfg.binac
         bilevel = train and crit.critic == "learned" and b.bilevel_lambda > 0
@@ -212,7 +106,7 @@ class Services:
             f"{self.precision.head or self.dtype} ({time.perf_counter() - t:.1f}s)")
         if not train:
             return
-        self._prepare_resume()
+        prepare_resume(self.cfg, self.storage)
         self.broker = StepBroker.options(name=self.broker_name).remote()
         self.fit_error: BaseException | None = None
         self.fit_thread = threading.Thread(target=self._fit, daemon=True)
@@ -247,46 +141,12 @@ class Services:
     def storage(self) -> str:
         return self.cfg.run.storage_path or str(self.out / "ray_train")
 
-    def _prepare_resume(self) -> None:
-        """A fresh run clears a previous run's trainer state in a local storage path (else Ray
-        Train would resume it silently); `resume: must` needs a checkpoint to resume from."""
-        import shutil
-
-        run = self.cfg.run
-        local = "://" not in self.storage
-        learner = Path(self.storage) / LEARNER
-        has_ckpt = local and any(learner.glob("checkpoint_*"))
-        if run.resume == "must" and local and not has_ckpt:
-            raise ConfigError(f"run.resume=must: no checkpoint under {learner} (checkpoints are written every "
-                              "run.checkpoint_every steps, at the end of a run, and by save())")
-        if run.resume == "never" and local and learner.exists():
-            log(f"a fresh run: clearing the previous trainer state in {learner}")
-            shutil.rmtree(learner)
-
     def _fit(self) -> None:
-        from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-        from ray.train.torch import TorchTrainer
-
-        from rltf_ray.trainer import train_loop
-
-        run = self.cfg.run
+        loop = {"model_path": self.model_path, "engines": self.engines, "broker_name": self.broker_name,
+                "critic_engines": self.critic_engines, "critic_model_path": self.critic_model,
+                "engine_dtype": self.dtype, "output_dir": str(self.out)}
         try:
-            TorchTrainer(
-                train_loop,
-                train_loop_config={"cfg": self.cfg.to_dict(), "model_path": self.model_path,
-                                   "engines": self.engines, "broker_name": self.broker_name,
-                                   "critic_engines": self.critic_engines,
-                                   "critic_model_path": self.critic_model,
-                                   "engine_dtype": self.dtype,
-                                   "output_dir": str(self.out)},
-                scaling_config=ScalingConfig(num_workers=self.cfg.trainer.num_workers,
-                                             use_gpu=self.use_gpu,
-                                             resources_per_worker={"CPU": 1, **self.cfg.trainer.resources}),
-                run_config=RunConfig(name=LEARNER, storage_path=self.storage,
-                                     worker_runtime_env=self.runtime_env or None,
-                                     failure_config=FailureConfig(max_failures=run.max_failures),
-                                     checkpoint_config=CheckpointConfig(num_to_keep=run.keep_checkpoints)),
-            ).fit()
+            torch_trainer(self.cfg, loop, self.storage, self.runtime_env, self.use_gpu).fit()
         except BaseException as e:  # surfaced by wait_result with the step it broke
             self.fit_error = e
 
@@ -295,9 +155,6 @@ class Services:
         caller stopped it early) is told that none will come and is waited for first, so its
         workers do not outlive the run on a Ray that outlives it (a cluster, a notebook)."""
         import ray
-        from ray import serve
-
-        from rltf_ray import reaper
 
         fit = getattr(self, "fit_thread", None)
         if fit is not None and fit.is_alive():
@@ -314,19 +171,8 @@ class Services:
         if getattr(self, "broker", None) is not None and not (fit is not None and fit.is_alive()):
             ray.kill(self.broker)  # it holds the last step's rows and weights in the object store
             self.broker = None
-        lease, deployed = getattr(self, "critic_lease", None), getattr(self, "deployed_critic", False)
-        held = reaper.release(self.critic_params.app_name, lease) if lease is not None else "unheld"
-        self.critic_lease = None
-        # the run that deployed the app deletes it unless another run still holds it; an
-        # attached run, only when it held the app last (an app no run deployed is never deleted)
-        if held == "last" or (deployed and held != "others"):
-            serve.delete(self.critic_params.app_name)
-            if held == "last":  # the reaper held the name meanwhile, so no run attached to it
-                reaper.deleted(self.critic_params.app_name)
-        elif deployed:
-            log(f"critic app '{self.critic_params.app_name}' stays: another run attached to it still uses "
-                "it (it goes when the last one ends)")
-        self.deployed_critic = False
+        if getattr(self, "critic_app", None) is not None:
+            self.critic_app.close()
         if getattr(self, "started_ray", False):
             # Ray's shutdown alone, not Serve's first: serve.shutdown() ray.kills the controller
             # while its proxy and this process's handle still long-poll it, and every such call

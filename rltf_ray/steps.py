@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from rltf_ray import metrics as M
 from rltf_ray.errors import ConfigError, DeadCriticError
 from rltf_ray.graph import node_params, node_round
-from rltf_ray.services import log
+from rltf_ray.console import log
 from rltf_ray.tracking import run_tag
 
 STAGE_KINDS = ("generate", "critique", "revise", "reward")  # the nodes `rollout` runs as Ray Data stages

@@ -18,7 +18,7 @@ import yaml
 
 from rltf_ray.api import RLTFConfig
 from rltf_ray.report import read_metrics
-from rltf_ray.services import LEARNER
+from rltf_ray.learner_run import LEARNER
 
 # What a checkpoint leaves out of a run's output dir: a resumed run needs its learner state,
 # metrics, config and latest weights, not the rollouts it trained on or its TensorBoard events.

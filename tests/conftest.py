@@ -8,9 +8,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 
 from rltf_ray.models import cache_dir  # noqa: E402
-from rltf_ray.services import apply_embedded_ray_env  # noqa: E402
+from rltf_ray.ray_start import apply_embedded_ray_env  # noqa: E402
 
-apply_embedded_ray_env()  # the tests' own Ray gets what services.init_ray sets
+apply_embedded_ray_env()  # the tests' own Ray gets what ray_start.init_ray sets
 
 
 @pytest.fixture(scope="session")

@@ -133,7 +133,7 @@ def test_the_room_check_measures_on_calibration_problems(monkeypatch):
     """binac_room.main, up to the first engine: the problems it measures on are the
     calibration split's (--problems of them), none of the 64 that the evaluation scores."""
     import rltf_ray.models
-    import rltf_ray.services
+    import rltf_ray.ray_start
 
     room = load_room_script()
     seen = {}
@@ -150,7 +150,7 @@ def test_the_room_check_measures_on_calibration_problems(monkeypatch):
 
     room_problems = room.room_problems
     monkeypatch.setattr(room, "room_problems", spy)
-    monkeypatch.setattr(rltf_ray.services, "init_ray", no_ray)
+    monkeypatch.setattr(rltf_ray.ray_start, "init_ray", no_ray)
     monkeypatch.setattr(rltf_ray.models, "resolve_model", lambda path, key="model.path": path)
     with pytest.raises(Before):
         room.main(["--critic", "outputs/exp/some_critic", "--out", "/dev/null", "--problems", "96"])

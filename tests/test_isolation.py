@@ -3,7 +3,7 @@ never replaces (or, when it stops, deletes) another run's."""
 import pytest
 
 from rltf_ray.graph import CritiqueParams
-from rltf_ray.services import critic_app_name
+from rltf_ray.critic_app import critic_app_name
 from conftest import critic_plugin  # noqa: E402
 
 

@@ -36,7 +36,7 @@ def test_an_actor_still_refuses_local_folders_in_its_runtime_env(tmp_path):
 
 
 def test_ray_init_still_takes_a_metrics_export_port():
-    """rltf_ray.services.init_ray passes run.metrics_export_port as ray.init's hidden option."""
+    """rltf_ray.ray_start.init_ray passes run.metrics_export_port as ray.init's hidden option."""
     import ray
 
     assert "_metrics_export_port" in inspect.getsource(inspect.unwrap(ray.init)), (

@@ -96,17 +96,17 @@ def test_a_runs_stop_deletes_its_critic_app_only_when_no_other_run_holds_it(monk
     from ray import serve
 
     from rltf_ray import reaper
-    from rltf_ray.services import Services
+    from rltf_ray.critic_app import CriticApp
 
-    run = object.__new__(Services)  # only what stop() reads of the critic
-    run.critic_params, run.deployed_critic, run.critic_lease = SimpleNamespace(app_name="X"), deployed, lease
+    app = CriticApp(SimpleNamespace(app_name="X"), own_ray=lease is None)
+    app.deployed, app.lease = deployed, lease
     released, deleted = [], []
     monkeypatch.setattr(reaper, "release", lambda app, lease: released.append((app, lease)) or held)
     monkeypatch.setattr(serve, "delete", deleted.append)
-    run.stop()
+    app.close()
     assert released == ([("X", lease)] if lease else []) and deleted == (["X"] if deletes else [])
-    assert run.critic_lease is None and not run.deployed_critic
-    run.stop()  # a second stop does nothing more
+    assert app.lease is None and not app.deployed
+    app.close()  # a second close does nothing more
     assert len(deleted) == deletes
 
 
@@ -294,7 +294,7 @@ def test_the_reaper_deletes_the_serve_app_of_a_driver_that_died(cluster):
     """The real path: Serve's app, the reaper's own delete, a driver that exits without stop."""
     from ray import serve
 
-    from rltf_ray.services import start_serve
+    from rltf_ray.critic_app import start_serve
 
     @serve.deployment(ray_actor_options={"num_cpus": 0})
     def hello(_):

@@ -34,7 +34,7 @@ def main() -> int:
     from rltf_ray.graph import node_params
     from rltf_ray.loading import load_config
     from rltf_ray.models import resolve_dtype, resolve_model
-    from rltf_ray.services import init_ray
+    from rltf_ray.ray_start import init_ray
     from rltf_ray.stages.engine import start_engines
     from rltf_ray.tasks import get_task
     from rltf_ray.warmstart import verdict_line_rate, wrong_attempts

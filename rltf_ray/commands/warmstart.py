@@ -67,7 +67,7 @@ def main(argv=None) -> int:
 
     from rltf_ray.graph import node_params
     from rltf_ray.models import resolve_dtype, resolve_model
-    from rltf_ray.services import init_ray
+    from rltf_ray.ray_start import init_ray
     from rltf_ray.stages.engine import start_engines
     from rltf_ray.tasks import get_task
     from rltf_ray.warmstart import format_demos, revision_demos, sft
@@ -104,7 +104,7 @@ def warm_start_critic(cfg, args, task, model: str, gen) -> int:
     import ray
 
     from rltf_ray.models import resolve_dtype, resolve_model
-    from rltf_ray.services import init_ray
+    from rltf_ray.ray_start import init_ray
     from rltf_ray.stages.engine import start_engines
     from rltf_ray.warmstart import VAGUE_CRITIQUES, critic_demos, sft, verdict_line_rate, wrong_attempts
 
