@@ -307,11 +307,8 @@ def guard_stopped_runs(root: Path) -> list[dict]:
 
 def stopped_runs(root: Path) -> list[str]:
     """One line per run that a guard stopped (its STOPPED_FILE): which run, and why."""
-    from rltf_ray.errors import STOPPED_FILE
-
-    return [f"- {d.name}: stopped by the {got.get('stopped_by', '?').replace('_', '-')} guard: {got.get('error', '')}"
-            for d in sorted(Path(root, "runs").glob("*_s*"))
-            if (d / STOPPED_FILE).is_file() and (got := json.loads((d / STOPPED_FILE).read_text()))]
+    return [f"- {r['preset']}_s{r['seed']}: stopped by the {r['stopped_by'].replace('_', '-')} guard: {r['error']}"
+            for r in guard_stopped_runs(root)]
 
 
 def write_report(root: Path, title: str = "", baseline: str | None = None) -> str:
