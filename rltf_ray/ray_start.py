@@ -56,9 +56,24 @@ def init_ray(cfg: Config) -> bool:
     # glibc gives each thread its own malloc arena; PyTorch's varying-size CPU buffers in
     # Ray's many-threaded workers then fragment memory badly. Two arenas keep RSS flat.
     env = {**plugins, "env_vars": {"MALLOC_ARENA_MAX": "2", **plugins.get("env_vars", {})}}
+    # Ray Train's placement-group cleaner asks the state API, once a second, whether the
+    # learner's controller lives, and the state API finds "the" cluster through RAY_ADDRESS or
+    # the last `ray start` on the machine. Beside another cluster it would ask that one, find
+    # no such actor and remove this run's live learner. Its workers ask this Ray's own dashboard
+    dashboard = free_port()
+    env["env_vars"].setdefault("RAY_API_SERVER_ADDRESS", f"http://127.0.0.1:{dashboard}")
     # address "local": a Ray of this run's own even where `ray start` left a cluster on the
     # machine, which a bare ray.init() would join (and then refuse num_cpus)
     ctx = ray.init(address="local", num_cpus=n, include_dashboard=True, dashboard_host="127.0.0.1",
-                   runtime_env=env, **extra)
+                   dashboard_port=dashboard, runtime_env=env, **extra)
     log(f"local Ray started in-process; dashboard at http://{ctx.dashboard_url}")
     return True
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS's pick)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

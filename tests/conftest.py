@@ -8,7 +8,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 
 from rltf_ray.models import cache_dir  # noqa: E402
-from rltf_ray.ray_start import apply_embedded_ray_env  # noqa: E402
+from rltf_ray.ray_start import apply_embedded_ray_env, free_port  # noqa: E402
 
 apply_embedded_ray_env()  # the tests' own Ray gets what ray_start.init_ray sets
 
@@ -176,14 +176,6 @@ def head_node(gcs_port: int, dashboard_port: int, **extra_env) -> dict:
                     "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", "--num-cpus=8",
                     "--disable-usage-stats", *agents], check=True, env=env, capture_output=True, timeout=180)
     return env
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stop_head(gcs_port: int) -> None:

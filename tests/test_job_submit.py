@@ -87,3 +87,22 @@ def test_serve_deploy_config_serves_the_critic_over_http():
         assert "rltf_critic" in status.stdout and "RUNNING" in status.stdout
     finally:
         stop_head(GCS_PORT)
+
+
+def test_an_in_process_run_beside_a_ray_start_cluster_finishes(tmp_path):
+    """Another cluster on the machine (`ray start`, the one a bare state-API call would find):
+    a run on a Ray of its own keeps its learner. Ray Train's placement-group cleaner used to
+    ask that other cluster whether this run's controller lived, and removed the live learner
+    within seconds of its start."""
+    env = head_node(GCS_PORT, DASHBOARD_PORT)
+    try:
+        run = subprocess.run([sys.executable, "-m", "rltf_ray.cli", "run", "--config", "pipelines/configs/tiny.yaml",
+                              f"run.output_dir={tmp_path / 'beside'}", "run.steps=3", "run.eval_before_after=false",
+                              "run.serve_http_port=8126"],
+                             env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert "local Ray started in-process" in run.stdout
+        steps = [json.loads(x)["step"] for x in (tmp_path / "beside" / "metrics.jsonl").read_text().splitlines()]
+        assert steps == [0, 1, 2]
+    finally:
+        stop_head(GCS_PORT)
