@@ -89,20 +89,33 @@ def test_serve_deploy_config_serves_the_critic_over_http():
         stop_head(GCS_PORT)
 
 
-def test_an_in_process_run_beside_a_ray_start_cluster_finishes(tmp_path):
-    """Another cluster on the machine (`ray start`, the one a bare state-API call would find):
-    a run on a Ray of its own keeps its learner. Ray Train's placement-group cleaner used to
-    ask that other cluster whether this run's controller lived, and removed the live learner
-    within seconds of its start."""
-    env = head_node(GCS_PORT, DASHBOARD_PORT)
+def test_an_in_process_rays_workers_read_actor_state_from_it_when_a_ray_start_cluster_comes_up():
+    """Ray Train's placement-group cleaner asks the state API (`ray.util.state.get_actor`, no
+    address) once a second whether a run's learner controller lives. After `ray start` on the
+    machine, that call in a worker of a run's in-process Ray used to ask the new cluster, find
+    no such actor, and the cleaner removed the live learner. The run's own actor is found."""
+    import ray
+
+    from rltf_ray.loading import load_config
+    from rltf_ray.ray_start import init_ray
+
+    @ray.remote(num_cpus=0)
+    class Alive:
+        def ident(self):
+            return ray.get_runtime_context().get_actor_id()
+
+    @ray.remote(num_cpus=0)
+    def state_of(actor_id: str):
+        from ray.util.state import get_actor
+
+        got = get_actor(actor_id, timeout=30)
+        return got.state if got is not None else None
+
+    assert init_ray(load_config("pipelines/configs/tiny.yaml", ["run.local_num_cpus=2"]))
     try:
-        run = subprocess.run([sys.executable, "-m", "rltf_ray.cli", "run", "--config", "pipelines/configs/tiny.yaml",
-                              f"run.output_dir={tmp_path / 'beside'}", "run.steps=3", "run.eval_before_after=false",
-                              "run.serve_http_port=8126"],
-                             env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        assert "local Ray started in-process" in run.stdout
-        steps = [json.loads(x)["step"] for x in (tmp_path / "beside" / "metrics.jsonl").read_text().splitlines()]
-        assert steps == [0, 1, 2]
+        actor = Alive.remote()
+        head_node(GCS_PORT, DASHBOARD_PORT)  # now the machine's "current" cluster
+        assert ray.get(state_of.remote(ray.get(actor.ident.remote()))) == "ALIVE"
     finally:
+        ray.shutdown()
         stop_head(GCS_PORT)
