@@ -207,3 +207,29 @@ def stop_head(gcs_port: int) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(1)
+
+
+def record_delete(app: str) -> None:
+    """A test reaper's `delete`: records the app in the `deletion_log` actor instead of
+    calling Serve (the reaper's worker imports this module: tests/ on its PYTHONPATH)."""
+    import ray
+
+    ray.get(ray.get_actor("deleted", namespace="rltf_ray").add.remote(app))
+
+
+def deletion_log(**options):
+    """The named actor that `record_delete` writes to; `.get.remote()` lists the apps."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Deleted:
+        def __init__(self):
+            self.apps = []
+
+        def add(self, app):
+            self.apps.append(app)
+
+        def get(self):
+            return self.apps
+
+    return Deleted.options(name="deleted", namespace="rltf_ray", **options).remote()

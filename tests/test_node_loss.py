@@ -8,13 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import deletion_log, record_delete  # noqa: E402
+
 pytestmark = pytest.mark.integration
-
-
-def record_delete(app: str) -> None:
-    import ray
-
-    ray.get(ray.get_actor("deleted", namespace="rltf_ray").add.remote(app))
 
 
 def until(check, timeout: float = 120, every: float = 1.0):
@@ -43,17 +39,6 @@ def test_a_run_on_a_lost_node_loses_its_app_and_no_other(tmp_path):
         head = ray.get_runtime_context().get_node_id()
         on_head = NodeAffinitySchedulingStrategy(head, soft=False)
 
-        @ray.remote(num_cpus=0)
-        class Deleted:
-            def __init__(self):
-                self.apps = []
-
-            def add(self, app):
-                self.apps.append(app)
-
-            def get(self):
-                return self.apps
-
         @ray.remote(num_cpus=0, resources={"lost": 1})
         class Run:
             """A run whose process lives on the node that is lost."""
@@ -63,7 +48,7 @@ def test_a_run_on_a_lost_node_loses_its_app_and_no_other(tmp_path):
                 self.held = r.watch(app)
                 return ray.get_runtime_context().get_node_id()
 
-        log = Deleted.options(name="deleted", namespace=NAMESPACE, scheduling_strategy=on_head).remote()
+        log = deletion_log(scheduling_strategy=on_head)
         r = CriticReaper.options(name=REAPER, namespace=NAMESPACE, lifetime="detached",
                                  scheduling_strategy=on_head).remote(delete=record_delete, poll_s=0.5)
         survivor = reaper.watch("S")  # a run on the head node, which lives on

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import deletion_log, record_delete  # noqa: E402
 from rltf_ray.reaper import DEATH_MESSAGES, Holds, reason_from_message
 
 
@@ -185,12 +186,6 @@ def cluster():
     ray.shutdown()
 
 
-def record_delete(app: str) -> None:
-    import ray
-
-    ray.get(ray.get_actor("deleted", namespace="rltf_ray").add.remote(app))
-
-
 @pytest.fixture
 def reaper_actor(cluster):
     """The cluster's reaper, polling fast, with a delete that records instead of calling Serve."""
@@ -199,18 +194,7 @@ def reaper_actor(cluster):
     from rltf_ray import reaper
     from rltf_ray.reaper import NAMESPACE, REAPER, CriticReaper
 
-    @ray.remote(num_cpus=0)
-    class Deleted:
-        def __init__(self):
-            self.apps = []
-
-        def add(self, app):
-            self.apps.append(app)
-
-        def get(self):
-            return self.apps
-
-    log = Deleted.options(name="deleted", namespace=NAMESPACE).remote()
+    log = deletion_log()
     r = CriticReaper.options(name=REAPER, namespace=NAMESPACE, lifetime="detached").remote(
         delete=record_delete, poll_s=0.5)
     keep = reaper.watch("~keep")  # with nothing to watch the reaper exits: it stays for the test to ask
