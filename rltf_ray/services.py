@@ -75,8 +75,16 @@ def init_ray(cfg: Config) -> bool:
     env = {**plugins, "env_vars": {"MALLOC_ARENA_MAX": "2", **plugins.get("env_vars", {})}}
     # address "local": a Ray of this run's own even where `ray start` left a cluster on the
     # machine, which a bare ray.init() would join (and then refuse num_cpus)
+    # Ray Train's placement-group cleaner asks the state API whether the learner's controller
+    # lives; beside a `ray start` cluster it would ask that one and remove a live learner
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dashboard = sock.getsockname()[1]
+    env["env_vars"].setdefault("RAY_API_SERVER_ADDRESS", f"http://127.0.0.1:{dashboard}")
     ctx = ray.init(address="local", num_cpus=n, include_dashboard=True, dashboard_host="127.0.0.1",
-                   runtime_env=env, **extra)
+                   dashboard_port=dashboard, runtime_env=env, **extra)
     log(f"local Ray started in-process; dashboard at http://{ctx.dashboard_url}")
     return True
 
