@@ -52,16 +52,12 @@ def gloo_world():
     """One single-rank gloo world shared by every in-process DeepSpeed test. DeepSpeed keeps
     the first process group it sees, so a second init after a destroy leaves it holding a
     dead group ("Group ... is not registered")."""
-    import socket
 
     import deepspeed
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1",
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
                           LOCAL_RANK="0")
         dist.init_process_group("gloo", rank=0, world_size=1)
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False

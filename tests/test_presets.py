@@ -108,13 +108,12 @@ def test_sd_is_under_zero3_with_two_workers(shared_ray, tmp_path, tiny_path):
 def test_a_failing_critic_stops_the_run_with_its_error(shared_ray, tmp_path, tiny_path):
     """Every critique request fails (nothing listens on the port): the run must stop with
     the critic's error instead of silently training single-turn GRPO."""
-    import socket
 
     from rltf_ray.stages.critique import CriticFailure
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from rltf_ray.ray_start import free_port
+
+    port = free_port()  # nothing listens there
     with pytest.raises(CriticFailure, match=r"step 0: \d+ of \d+ requests to the critic .* failed.*first error"):
         one_step(tmp_path, 8144, "pipeline.critic.critic=openai", f"pipeline.critic.base_url=http://127.0.0.1:{port}/v1",
                  "pipeline.critic.model=m", "pipeline.critic.retries=0", "pipeline.critic.timeout_s=5")
